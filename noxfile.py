@@ -1,0 +1,222 @@
+"""nox sessions of the nvdd monorepo.
+
+Every dependency list is read from the packages' ``pyproject.toml`` files; nothing
+is written twice. Sessions:
+
+- ``deps``        layer order, DAG and import scan (tools/nvdd_deps.py), with its tests
+- ``lint``        ruff check and ruff format --check
+- ``tests``       per package: that package's sibling closure + its test group only
+- ``typecheck``   per package: mypy --strict in that package's closure
+- ``integration`` integration_tests/ over gloo with everything installed
+- ``ci``          the README's test command: all of the above
+- ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
+- ``bench``       benchmarks (ratios measured in one run; not tests)
+- ``multigpu``    the integration suite over NCCL on >= 2 GPUs (fails with fewer)
+
+Torch: by default (``NVDD_TORCH=cpu``) the CPU build ``torch==2.13.0`` is installed
+once into ``.nox/_shared`` and shared by every session through a ``.pth`` file, and
+every install is constrained to it, so no session downloads a CUDA build. On a
+machine whose Python already has the torch you want (a CUDA build, say), set
+``NVDD_TORCH=system``: sessions then see the system site-packages and are
+constrained to that torch version instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.4.15"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["ci"]
+
+ROOT = Path(__file__).resolve().parent
+ROOT_CFG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["nvdd"]
+CPU_TORCH: str = ROOT_CFG["cpu-torch"]
+TORCH_MODE = os.environ.get("NVDD_TORCH", "cpu")
+if TORCH_MODE not in ("cpu", "system"):
+    raise SystemExit(f"NVDD_TORCH must be 'cpu' or 'system', got {TORCH_MODE!r}")
+VENV_PARAMS = ["--system-site-packages"] if TORCH_MODE == "system" else []
+SHARED = ROOT / ".nox" / "_shared"
+PY_TAG = f"py{sys.version_info.major}{sys.version_info.minor}"
+WARP_CACHE = SHARED / "warp-cache"
+TOOLS = ["pytest>=8", "hatchling>=1.24"]
+
+
+def _name(req: str) -> str:
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+    return m.group(1).lower().replace("_", "-") if m else req
+
+
+def _read_packages() -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for pp in sorted((ROOT / "packages").glob("*/pyproject.toml")):
+        data = tomllib.loads(pp.read_text())
+        out[_name(data["project"]["name"])] = {
+            "path": pp.parent,
+            "deps": list(data["project"].get("dependencies", [])),
+            "extras": dict(data["project"].get("optional-dependencies", {})),
+            "groups": dict(data.get("dependency-groups", {})),
+        }
+    return out
+
+
+PACKAGES = _read_packages()
+LAYERED = sorted(
+    (n for n in PACKAGES if n in ROOT_CFG["layers"]), key=lambda n: (ROOT_CFG["layers"][n], n)
+)
+TESTED = [n for n in (*LAYERED, *sorted(ROOT_CFG["test-only"])) if n in PACKAGES]
+
+
+def _closure(
+    names: list[str], extras: bool = False, groups: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """(sibling distributions, third-party requirements) needed by ``names``.
+
+    Follows runtime dependencies (and all extras when ``extras``) of every sibling
+    reached; ``groups`` adds the named dependency groups of the starting packages.
+    """
+    siblings: list[str] = []
+    third: list[str] = []
+    todo = [(n, True) for n in names]
+    while todo:
+        name, start = todo.pop()
+        if name in siblings:
+            continue
+        siblings.append(name)
+        info = PACKAGES[name]
+        reqs = list(info["deps"])  # type: ignore[call-overload]
+        if extras:
+            for extra in info["extras"].values():  # type: ignore[attr-defined]
+                reqs += extra
+        if start:
+            for g in groups:
+                reqs += info["groups"].get(g, [])  # type: ignore[attr-defined]
+        for req in reqs:
+            if _name(req) in PACKAGES:
+                todo.append((_name(req), False))
+            elif req not in third:
+                third.append(req)
+    return siblings, third
+
+
+def _torch(session: nox.Session) -> Path:
+    """Make torch importable in the session; return the constraints file."""
+    SHARED.mkdir(parents=True, exist_ok=True)
+    constraints = SHARED / f"constraints-{TORCH_MODE}.txt"
+    site = session.run(
+        "python",
+        "-c",
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        silent=True,
+    )
+    assert isinstance(site, str)
+    if TORCH_MODE == "system":
+        version = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True)
+        assert isinstance(version, str)
+        constraints.write_text(f"torch=={version.strip()}\n")
+        return constraints
+    target = SHARED / f"torch-{CPU_TORCH.split('==')[1]}-{PY_TAG}"
+    if not (target / "torch" / "__init__.py").is_file():
+        session.log(f"installing {CPU_TORCH} (CPU) once into {target}")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--target", str(target), CPU_TORCH],
+            check=True,
+        )
+    Path(site.strip(), "_nvdd_shared_torch.pth").write_text(f"{target}\n")
+    constraints.write_text(f"{CPU_TORCH}\n")
+    return constraints
+
+
+def _install(
+    session: nox.Session,
+    names: list[str],
+    *,
+    extras: bool = False,
+    groups: tuple[str, ...] = ("test",),
+    more: tuple[str, ...] = (),
+) -> None:
+    """Install exactly the sibling closure of ``names`` plus third-party needs."""
+    constraints = _torch(session)
+    siblings, third = _closure(names, extras=extras, groups=groups)
+    session.install("-c", str(constraints), *TOOLS, *third, *more)
+    paths = [str(PACKAGES[s]["path"]) for s in siblings]
+    session.install(
+        "-c", str(constraints), "--no-deps", "--no-build-isolation", "--force-reinstall", *paths
+    )
+    session.env["WARP_CACHE_PATH"] = str(WARP_CACHE)
+
+
+@nox.session
+def deps(session: nox.Session) -> None:
+    """Layer order, DAG and import scan of every package (with the checker's tests)."""
+    session.install("pytest>=8")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "tools/tests", *session.posargs)
+    session.run("python", "tools/nvdd_deps.py", str(ROOT))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".", *session.posargs)
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+@nox.parametrize("package", TESTED, ids=TESTED)
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests with only its sibling closure and test group installed."""
+    _install(session, [package])
+    tests_dir = PACKAGES[package]["path"] / "tests"  # type: ignore[operator]
+    session.run("pytest", "-q", str(tests_dir), *session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+@nox.parametrize("package", TESTED, ids=TESTED)
+def typecheck(session: nox.Session, package: str) -> None:
+    """mypy --strict of one package inside its own closure."""
+    _install(session, [package], more=("mypy==2.4.1",))
+    src = PACKAGES[package]["path"] / "src"  # type: ignore[operator]
+    leaf = next(src.glob("*/*/__about__.py")).parent.relative_to(src)
+    session.chdir(src)
+    session.run(
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "-p",
+        ".".join(leaf.parts),
+        *session.posargs,
+    )
+
+
+def _top() -> list[str]:
+    return [n for n in LAYERED if n == "nvalchemi-distributed"] or LAYERED
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def integration(session: nox.Session) -> None:
+    """integration_tests/ (N ranks vs 1 rank over gloo) with everything installed."""
+    _install(session, [*_top(), "nvdd-testing"], extras=True)
+    session.run("pytest", "-q", "integration_tests", *session.posargs)
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """The README's test command: deps, lint, typecheck and tests of every package,
+    then the integration suite."""
+    session.notify("deps")
+    session.notify("lint")
+    for name in TESTED:
+        session.notify(f"typecheck({name})")
+    for name in TESTED:
+        session.notify(f"tests({name})")
+    if any((ROOT / "integration_tests").glob("test_*.py")):
+        session.notify("integration")

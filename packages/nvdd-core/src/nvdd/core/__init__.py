@@ -1,0 +1,59 @@
+"""nvdd.core: atomic batches, process groups and errors (layer 0 of nvdd)."""
+
+from nvdd.core.__about__ import __version__
+from nvdd.core._batch import Batch
+from nvdd.core._batch_validation import check_cell
+from nvdd.core._distributed import (
+    DEFAULT_MESH_DIM,
+    DEFAULT_TIMEOUT_S,
+    DistributedEnv,
+    any_rank,
+    comm_device,
+    default_backend,
+    get_rank,
+    get_world_size,
+    init_distributed,
+    make_mesh,
+    raise_if_any_rank,
+    shutdown_distributed,
+)
+from nvdd.core._errors import (
+    CapacityOverflowError,
+    CommunicationError,
+    ConfigurationError,
+    NvddError,
+    OptionalDependencyError,
+    ValidationError,
+)
+from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
+from nvdd.core._masses import ATOMIC_MASSES, masses_for
+from nvdd.core._outputs import ModelOutputs
+
+__all__ = [
+    "ATOMIC_MASSES",
+    "DEFAULT_MESH_DIM",
+    "DEFAULT_TIMEOUT_S",
+    "PER_ATOM_FIELDS",
+    "PER_SYSTEM_FIELDS",
+    "Batch",
+    "CapacityOverflowError",
+    "CommunicationError",
+    "ConfigurationError",
+    "DistributedEnv",
+    "ModelOutputs",
+    "NvddError",
+    "OptionalDependencyError",
+    "ValidationError",
+    "__version__",
+    "any_rank",
+    "check_cell",
+    "comm_device",
+    "default_backend",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "make_mesh",
+    "masses_for",
+    "raise_if_any_rank",
+    "shutdown_distributed",
+]

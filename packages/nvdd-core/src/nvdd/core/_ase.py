@@ -1,0 +1,122 @@
+"""Conversion between :class:`~nvdd.core.Batch` and ASE ``Atoms`` (optional extra ``ase``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from nvdd.core._errors import OptionalDependencyError, ValidationError
+
+if TYPE_CHECKING:
+    from ase import Atoms
+
+    from nvdd.core._batch import Batch
+
+__all__ = ["batch_from_ase", "batch_to_ase"]
+
+_ID_KEY = "atom_ids"
+
+
+def _ase() -> Any:
+    try:
+        import ase
+        import ase.calculators.singlepoint
+    except ImportError as exc:  # pragma: no cover - exercised only without ase
+        raise OptionalDependencyError("ase", "ASE conversion", extra="nvdd-core[ase]") from exc
+    return ase
+
+
+def batch_from_ase(
+    atoms: Atoms | Sequence[Atoms], *, dtype: torch.dtype, device: torch.device | str
+) -> Batch:
+    """See :meth:`Batch.from_ase`."""
+    from nvdd.core._batch import Batch
+
+    ase = _ase()
+    items = [atoms] if isinstance(atoms, ase.Atoms) else list(atoms)
+    if not items:
+        raise ValidationError("from_ase: got an empty sequence of Atoms")
+    pos, z, m, v, f, sysi, ids, cell, pbc, energy, stress = ([] for _ in range(11))
+    next_id = 0
+    for s, a in enumerate(items):
+        n = len(a)
+        pos.append(a.get_positions())
+        z.append(a.get_atomic_numbers())
+        m.append(a.get_masses())
+        v.append(a.get_velocities())
+        sysi.append(np.full(n, s, dtype=np.int64))
+        if _ID_KEY in a.arrays:
+            ids.append(np.asarray(a.arrays[_ID_KEY], dtype=np.int64))
+        else:
+            ids.append(np.arange(next_id, next_id + n, dtype=np.int64))
+        next_id = int(max(next_id + n, ids[-1].max() + 1 if n else next_id))
+        cell.append(np.asarray(a.get_cell()))
+        pbc.append(np.asarray(a.get_pbc(), dtype=bool))
+        calc = a.calc
+        results: dict[str, Any] = dict(getattr(calc, "results", {}) or {})
+        f.append(np.asarray(results.get("forces", np.zeros((n, 3)))))
+        energy.append(float(results.get("energy", 0.0)))
+        st = results.get("stress")
+        if st is None:
+            stress.append(np.zeros((3, 3)))
+        else:
+            st = np.asarray(st)
+            stress.append(_voigt_to_matrix(st) if st.shape == (6,) else st.reshape(3, 3))
+
+    def t(x: Any, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), dtype=dt, device=device)
+
+    return Batch(
+        positions=t(np.concatenate(pos)),
+        atomic_numbers=t(np.concatenate(z), torch.int64),
+        masses=t(np.concatenate(m)),
+        velocities=t(np.concatenate(v)),
+        forces=t(np.concatenate(f)),
+        system_index=t(np.concatenate(sysi), torch.int64),
+        atom_ids=t(np.concatenate(ids), torch.int64),
+        cell=t(np.stack(cell)),
+        pbc=t(np.stack(pbc), torch.bool),
+        energy=t(np.asarray(energy)),
+        stress=t(np.stack(stress)),
+    )
+
+
+def batch_to_ase(batch: Batch) -> list[Atoms]:
+    """See :meth:`Batch.to_ase`."""
+    ase = _ase()
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    out = []
+    cpu = batch.to("cpu")
+    for s in range(batch.n_systems):
+        rows = (cpu.system_index == s).nonzero().flatten()
+        a = ase.Atoms(
+            numbers=cpu.atomic_numbers[rows].numpy(),
+            positions=cpu.positions[rows].double().numpy(),
+            masses=cpu.masses[rows].double().numpy(),
+            cell=cpu.cell[s].double().numpy(),
+            pbc=cpu.pbc[s].numpy(),
+        )
+        a.set_velocities(cpu.velocities[rows].double().numpy())
+        a.arrays[_ID_KEY] = cpu.atom_ids[rows].numpy().copy()
+        a.calc = SinglePointCalculator(  # type: ignore[no-untyped-call]
+            a,
+            energy=float(cpu.energy[s]),
+            forces=cpu.forces[rows].double().numpy(),
+            stress=_matrix_to_voigt(cpu.stress[s].double().numpy()),
+        )
+        out.append(a)
+    return out
+
+
+def _voigt_to_matrix(v: np.ndarray) -> np.ndarray:
+    xx, yy, zz, yz, xz, xy = v
+    return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+
+
+def _matrix_to_voigt(m: np.ndarray) -> np.ndarray:
+    m = 0.5 * (m + m.T)  # Voigt notation holds the symmetric part
+    return np.array([m[0, 0], m[1, 1], m[2, 2], m[1, 2], m[0, 2], m[0, 1]])

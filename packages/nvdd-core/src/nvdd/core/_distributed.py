@@ -1,0 +1,270 @@
+"""Process-group and device-mesh helpers (gloo on CPU, NCCL on CUDA).
+
+Every collective helper here works whether or not ``torch.distributed`` is
+initialised: without a process group it behaves as a world of one rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from nvdd.core._errors import CommunicationError, ConfigurationError, NvddError, ValidationError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = [
+    "DEFAULT_MESH_DIM",
+    "DEFAULT_TIMEOUT_S",
+    "DistributedEnv",
+    "any_rank",
+    "comm_device",
+    "default_backend",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "make_mesh",
+    "raise_if_any_rank",
+    "shutdown_distributed",
+]
+
+#: Name of the mesh dimension atoms are decomposed over.
+DEFAULT_MESH_DIM = "domain"
+#: Default collective timeout, seconds.
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """What :func:`init_distributed` set up.
+
+    Attributes
+    ----------
+    rank, world_size, local_rank:
+        This process's place in the default group (``local_rank``: on this node).
+    backend:
+        ``"gloo"`` or ``"nccl"``.
+    device:
+        The device this rank computes on (``cuda:<local_rank>`` under NCCL).
+    mesh:
+        A 1-D :class:`~torch.distributed.device_mesh.DeviceMesh` over all ranks,
+        its single dimension named ``mesh_dim``.
+    mesh_dim:
+        The dimension name (default ``"domain"``).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    mesh: DeviceMesh
+    mesh_dim: str
+
+    @property
+    def group(self) -> ProcessGroup:
+        """The process group of the mesh dimension."""
+        return self.mesh.get_group(self.mesh_dim)
+
+
+def default_backend(device: torch.device | str | None = None) -> str:
+    """``"nccl"`` for a CUDA device (or, with no device given, when CUDA is
+    available), else ``"gloo"``."""
+    if device is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"environment variable {name}={value!r} is not an integer"
+        ) from exc
+
+
+def init_distributed(
+    *,
+    backend: str | None = None,
+    device: torch.device | str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+    mesh_dim: str = DEFAULT_MESH_DIM,
+) -> DistributedEnv:
+    """Initialise the default process group and a 1-D device mesh.
+
+    **Collective** over all processes of the job: every rank must call it.
+
+    Sources, in order: explicit ``rank`` / ``world_size`` / ``init_method``
+    arguments; the torchrun environment (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); otherwise a world of one
+    rank with a private file rendezvous. An already initialised default group is
+    reused (its backend wins).
+
+    Parameters
+    ----------
+    backend:
+        ``"gloo"`` or ``"nccl"``; default from ``device`` (NCCL for CUDA).
+    device:
+        Default: ``cuda:<local_rank>`` when CUDA is available and the backend is
+        NCCL, else ``cpu``.
+    timeout_s:
+        Collective timeout passed to ``init_process_group``.
+    mesh_dim:
+        Name of the mesh's single dimension.
+
+    Raises
+    ------
+    ConfigurationError
+        On inconsistent arguments (rank outside the world, unknown backend,
+        NCCL without CUDA).
+    """
+    if timeout_s <= 0:
+        raise ConfigurationError(f"timeout_s must be positive, got {timeout_s}")
+    local_rank = _env_int("LOCAL_RANK") or 0
+    if backend is None:
+        backend = default_backend(device)
+    if backend not in ("gloo", "nccl"):
+        raise ConfigurationError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigurationError("backend 'nccl' needs CUDA, which is not available")
+    if device is None:
+        device = torch.device(f"cuda:{local_rank}") if backend == "nccl" else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if rank is None and world_size is None and env_rank is not None and env_world is not None:
+            rank, world_size = env_rank, env_world
+            init_method = init_method or "env://"
+        elif rank is None and world_size is None:
+            rank, world_size = 0, 1
+            fd, path = tempfile.mkstemp(prefix="nvdd-rdzv-")
+            os.close(fd)
+            os.unlink(path)
+            init_method = init_method or f"file://{path}"
+        if rank is None or world_size is None or init_method is None:
+            raise ConfigurationError(
+                "init_distributed: pass rank, world_size and init_method together "
+                f"(got rank={rank}, world_size={world_size}, init_method={init_method!r})"
+            )
+        if not 0 <= rank < world_size:
+            raise ConfigurationError(f"rank {rank} is outside a world of size {world_size}")
+        try:
+            dist.init_process_group(
+                backend=backend,
+                init_method=init_method,
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+            )
+        except Exception as exc:
+            raise CommunicationError(
+                f"rank {rank}: init_process_group({backend!r}, {init_method!r}) failed: {exc}"
+            ) from exc
+    mesh = make_mesh(device.type, dim_name=mesh_dim)
+    return DistributedEnv(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        backend=str(dist.get_backend()),
+        device=device,
+        mesh=mesh,
+        mesh_dim=mesh_dim,
+    )
+
+
+def make_mesh(
+    device_type: str, *, dim_name: str = DEFAULT_MESH_DIM, group: ProcessGroup | None = None
+) -> DeviceMesh:
+    """A 1-D device mesh named ``dim_name`` over ``group`` (default: the world).
+
+    **Collective** over ``group``.
+    """
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if not dist.is_initialized():
+        raise CommunicationError("make_mesh: torch.distributed is not initialised")
+    if group is None:
+        return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=(dim_name,))
+    return DeviceMesh.from_group(group, device_type, mesh_dim_names=(dim_name,))
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if one exists. **Collective** (all ranks)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (0 without torch.distributed)."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """Size of ``group`` (1 without torch.distributed)."""
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def comm_device(group: ProcessGroup | None = None) -> torch.device:
+    """The device collectives of ``group`` take tensors on (CUDA under NCCL)."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def any_rank(flag: bool | torch.Tensor, group: ProcessGroup | None = None) -> bool:
+    """True on every rank if ``flag`` is true on any rank of ``group``.
+
+    **Collective** over ``group`` (one all-reduce of a single int): every rank must
+    call it. Synchronises with the host.
+    """
+    if get_world_size(group) == 1:
+        return bool(flag)
+    t = torch.as_tensor(flag, device=comm_device(group)).to(torch.int32).reshape(1)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def raise_if_any_rank(
+    message: str | None,
+    group: ProcessGroup | None = None,
+    *,
+    exc_type: type[NvddError] = ValidationError,
+) -> None:
+    """Raise the same error on every rank if any rank has a ``message``.
+
+    **Collective** over ``group``: every rank must call it, with ``None`` when it
+    found nothing wrong. One all-reduce of a flag; only when some rank failed, one
+    more all-gather of the messages. The raised error (``exc_type``) names every
+    failing rank with its message, so no rank is left hanging in a later
+    collective.
+    """
+    world = get_world_size(group)
+    if world == 1:
+        if message is not None:
+            raise exc_type(f"rank {get_rank(group)}: {message}")
+        return
+    if not any_rank(message is not None, group):
+        return
+    messages: list[str | None] = [None] * world
+    dist.all_gather_object(messages, message, group=group)
+    lines = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
+    raise exc_type("; ".join(lines))

@@ -1,0 +1,53 @@
+"""The pytest plugin: markers, --require-gpu, --run-slow, tolerance fixtures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nvdd.testing import TOLERANCES, Tolerance
+
+pytest_plugins = ["pytester"]
+
+_TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_gpu():
+    pass
+
+@pytest.mark.multigpu
+def test_multi():
+    pass
+
+@pytest.mark.slow
+def test_slow():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_gpu_tests_skip_without_gpu_and_fail_with_require_gpu(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_TESTS)
+    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--strict-markers")
+    res.assert_outcomes(passed=1, skipped=3)
+    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--strict-markers", "--require-gpu")
+    res.assert_outcomes(passed=1, skipped=1, errors=2)
+    res.stdout.fnmatch_lines(["*needs 1 CUDA device(s), 0 visible (--require-gpu)*"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts skips of gpu tests")
+def test_run_slow_option_runs_slow_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_TESTS)
+    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--run-slow")
+    res.assert_outcomes(passed=2, skipped=2)
+
+
+def test_tolerance_fixture(tolerance: object, float_dtype: torch.dtype) -> None:
+    tol = tolerance(float_dtype)  # type: ignore[operator]
+    assert isinstance(tol, Tolerance)
+    assert tol == TOLERANCES[float_dtype]
+    assert (tol.atol == 1e-10) == (float_dtype == torch.float64)
