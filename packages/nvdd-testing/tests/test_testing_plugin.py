@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
+
 import pytest
 import torch
 
 from nvdd.testing import TOLERANCES, Tolerance
 
 pytest_plugins = ["pytester"]
+
+# Installed, the plugin loads through its pytest11 entry point; from a source tree
+# (tools/devtest) it must be named with -p.
+_AUTO = any(ep.name == "nvdd" for ep in entry_points(group="pytest11"))
+_P = [] if _AUTO else ["-p", "nvdd.testing.plugin"]
 
 _TESTS = """
 import pytest
@@ -32,9 +39,9 @@ def test_plain():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 def test_gpu_tests_skip_without_gpu_and_fail_with_require_gpu(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(_TESTS)
-    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--strict-markers")
+    res = pytester.runpytest(*_P, "--strict-markers")
     res.assert_outcomes(passed=1, skipped=3)
-    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--strict-markers", "--require-gpu")
+    res = pytester.runpytest(*_P, "--strict-markers", "--require-gpu")
     res.assert_outcomes(passed=1, skipped=1, errors=2)
     res.stdout.fnmatch_lines(["*needs 1 CUDA device(s), 0 visible (--require-gpu)*"])
 
@@ -42,7 +49,7 @@ def test_gpu_tests_skip_without_gpu_and_fail_with_require_gpu(pytester: pytest.P
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts skips of gpu tests")
 def test_run_slow_option_runs_slow_tests(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(_TESTS)
-    res = pytester.runpytest("-p", "nvdd.testing.plugin", "--run-slow")
+    res = pytester.runpytest(*_P, "--run-slow")
     res.assert_outcomes(passed=2, skipped=2)
 
 
