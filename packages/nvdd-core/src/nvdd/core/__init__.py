@@ -28,6 +28,7 @@ from nvdd.core._errors import (
 from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._outputs import ModelOutputs
+from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
 
 __all__ = [
     "ATOMIC_MASSES",
@@ -43,6 +44,8 @@ __all__ = [
     "ModelOutputs",
     "NvddError",
     "OptionalDependencyError",
+    "RankFailedError",
+    "RankTimeoutError",
     "ValidationError",
     "__version__",
     "any_rank",
@@ -56,4 +59,5 @@ __all__ = [
     "masses_for",
     "raise_if_any_rank",
     "shutdown_distributed",
+    "spawn_ranks",
 ]

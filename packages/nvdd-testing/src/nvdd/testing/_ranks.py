@@ -1,130 +1,15 @@
-"""Run a function on N ranks over gloo (or NCCL) with a file rendezvous.
-
-Ranks are forked from a forkserver that has torch (and, when installed, warp)
-preloaded, so a rank starts in tens of milliseconds instead of re-importing
-torch; each test still gets fresh processes and a fresh process group.
-"""
+"""`run_ranks`: the test entry point to ``nvdd.core.spawn_ranks``."""
 
 from __future__ import annotations
 
-import datetime
-import importlib
-import importlib.util
-import multiprocessing as mp
-import os
-import pickle
-import queue
-import shutil
-import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Callable
-from functools import cache
-from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
+
+from nvdd.core import RankFailedError, RankTimeoutError, spawn_ranks
 
 __all__ = ["RankFailedError", "RankTimeoutError", "run_ranks"]
 
 T = TypeVar("T")
-
-#: Seconds the other ranks get to report their own errors after one rank failed.
-_GRACE_S = 3.0
-
-
-class RankFailedError(RuntimeError):
-    """A rank raised; carries its rank, traceback text and (if picklable) exception.
-
-    Attributes
-    ----------
-    rank:
-        The rank whose failure arrived first (usually the root cause: the others
-        often fail only because a peer left a collective).
-    exception:
-        That rank's exception object, or None if it could not be pickled.
-    tracebacks:
-        ``{rank: traceback text}`` for every rank that failed, in arrival order.
-    """
-
-    def __init__(self, tracebacks: dict[int, str], exception: BaseException | None) -> None:
-        self.tracebacks = dict(tracebacks)
-        self.rank = next(iter(self.tracebacks))
-        self.exception = exception
-        parts = [f"--- rank {r} ---\n{tb}" for r, tb in self.tracebacks.items()]
-        super().__init__(f"rank(s) {list(self.tracebacks)} failed:\n" + "\n".join(parts))
-
-
-class RankTimeoutError(TimeoutError):
-    """Some ranks did not finish within the timeout; they were killed."""
-
-
-@cache
-def _context(start_method: str) -> BaseContext:
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        preload = ["torch", "torch.distributed"]
-        if importlib.util.find_spec("warp") is not None:
-            preload.append("warp")
-        ctx.set_forkserver_preload(preload)
-    return ctx
-
-
-def _resolve(module: str, file: str | None, qualname: str) -> Callable[..., Any]:
-    try:
-        mod = importlib.import_module(module)
-    except ImportError:
-        if file is None:
-            raise
-        sys.path.insert(0, os.path.dirname(file))
-        mod = importlib.import_module(module)
-    obj: Any = mod
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj  # type: ignore[no-any-return]
-
-
-def _rank_main(
-    rank: int,
-    world_size: int,
-    rdzv: str,
-    backend: str,
-    timeout_s: float,
-    fn_ref: tuple[str, str | None, str],
-    payload: bytes,
-    results: Any,
-    env: dict[str, str],
-) -> None:
-    os.environ.update(env)
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
-    os.environ["LOCAL_RANK"] = str(rank)
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"file://{rdzv}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
-        fn = _resolve(*fn_ref)
-        args, kwargs = pickle.loads(payload)
-        value = fn(*args, **kwargs)
-        results.put((rank, "ok", pickle.dumps(value)))
-    except BaseException as exc:
-        tb = traceback.format_exc()
-        try:
-            blob = pickle.dumps(exc)
-        except Exception:
-            blob = b""
-        results.put((rank, "err", (tb, blob)))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def run_ranks(
@@ -133,120 +18,19 @@ def run_ranks(
     *args: Any,
     timeout_s: float = 180.0,
     backend: str = "gloo",
-    start_method: str = "forkserver",
-    env: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> list[T]:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks; return the results.
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh CPU ranks over gloo.
 
-    Each rank has the default process group initialised (``backend``, file
-    rendezvous in a private temporary directory, ``timeout_s`` as the collective
-    timeout) and ``torch.set_num_threads(1)``; ``RANK``, ``WORLD_SIZE`` and
-    ``LOCAL_RANK`` are set as torchrun would. ``fn`` must be importable by module
-    and qualified name (a module-level function); arguments and results are
-    pickled.
-
-    Returns
-    -------
-    list
-        ``fn``'s return value on every rank, indexed by rank.
+    Ranks are forked from a forkserver with torch (and warp) preloaded, get one
+    intra-op thread each, a file rendezvous and ``timeout_s`` as the collective
+    timeout. See :func:`nvdd.core.spawn_ranks` for the details.
 
     Raises
     ------
     RankFailedError
-        If any rank raised: the message holds every failing rank's traceback; the
-        other ranks are killed after a short grace period.
+        With every failing rank's traceback (the first to arrive is the cause).
     RankTimeoutError
-        If some rank had not finished after ``timeout_s`` seconds; every rank
-        still alive is killed first.
+        When ranks were still running at ``timeout_s``; they are killed.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"run_ranks needs a module-level function, got {fn!r}")
-    file = getattr(sys.modules.get(module), "__file__", None)
-    payload = pickle.dumps((args, kwargs))
-    ctx = _context(start_method)
-    tmp = tempfile.mkdtemp(prefix="nvdd-ranks-")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(  # type: ignore[attr-defined]
-            target=_rank_main,
-            args=(
-                r,
-                world_size,
-                os.path.join(tmp, "rdzv"),
-                backend,
-                timeout_s,
-                (module, file, qualname),
-                payload,
-                results,
-                dict(env or {}),
-            ),
-            daemon=True,
-        )
-        for r in range(world_size)
-    ]
-    values: dict[int, Any] = {}
-    errors: dict[int, tuple[str, bytes]] = {}
-    deadline = time.monotonic() + timeout_s
-    first_error_at: float | None = None
-    dead_since: dict[int, float] = {}
-    try:
-        for p in procs:
-            p.start()
-        while len(values) + len(errors) < world_size:
-            now = time.monotonic()
-            if now > deadline:
-                break
-            if first_error_at is not None and now > first_error_at + _GRACE_S:
-                break
-            try:
-                rank, status, data = results.get(timeout=0.05)
-            except queue.Empty:
-                # A rank that died without reporting (segfault, os._exit) is an error,
-                # once its result had time to arrive through the queue.
-                for r, p in enumerate(procs):
-                    if r in values or r in errors or p.is_alive():
-                        continue
-                    dead_since.setdefault(r, now)
-                    if now - dead_since[r] > 1.0:
-                        errors[r] = (
-                            f"rank {r} exited with code {p.exitcode} without reporting a result",
-                            b"",
-                        )
-                        first_error_at = first_error_at or now
-                continue
-            if status == "ok":
-                values[rank] = data
-            else:
-                errors[rank] = data
-                first_error_at = first_error_at or time.monotonic()
-    finally:
-        for p in procs:
-            if p.is_alive() and (errors or len(values) < world_size):
-                p.kill()
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():  # pragma: no cover - last resort
-                p.kill()
-                p.join(timeout=5)
-        results.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    if errors:
-        first = next(iter(errors))
-        exc: BaseException | None = None
-        if errors[first][1]:
-            try:
-                exc = pickle.loads(errors[first][1])
-            except Exception:
-                exc = None
-        raise RankFailedError({r: tb for r, (tb, _) in errors.items()}, exc)
-    if len(values) < world_size:
-        missing = [r for r in range(world_size) if r not in values]
-        raise RankTimeoutError(
-            f"rank(s) {missing} of {world_size} did not finish within {timeout_s} s; killed"
-        )
-    return [pickle.loads(values[r]) for r in range(world_size)]
+    return spawn_ranks(fn, world_size, *args, timeout_s=timeout_s, backend=backend, **kwargs)

@@ -1,4 +1,4 @@
-"""run_ranks: results, tracebacks, timeouts, and the oracle helpers."""
+"""spawn_ranks (through nvdd.testing.run_ranks): results, tracebacks, timeouts; the oracle helpers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from nvdd.core import RankFailedError, RankTimeoutError, spawn_ranks
 from nvdd.testing import (
-    RankFailedError,
-    RankTimeoutError,
     assert_close_by_id,
     assert_same_ids,
     gather_by_id,
@@ -90,6 +89,14 @@ def test_run_ranks_rejects_local_functions() -> None:
 
     with pytest.raises(ValueError, match="module-level"):
         run_ranks(local, 2)
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def test_spawn_ranks_threads_per_rank() -> None:
+    assert spawn_ranks(_threads, 2, timeout_s=60, threads_per_rank=2) == [2, 2]
 
 
 def _gather_rows() -> tuple[list[int], list[float]]:

@@ -1,0 +1,213 @@
+"""`BaseDynamics`: the single-process integrator skeleton with hooks.
+
+A step is ``pre_update`` -> ``compute`` -> ``post_update``, with hooks around each
+stage. Forces at t = 0 are computed before the first ``pre_update``. The same
+class runs unchanged under :class:`~nvdd.dynamics.DomainParallel`, which swaps in a
+distributed force provider, a mesh-wide :class:`Reducer`, and its hook runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+
+__all__ = [
+    "ASE_TIME_PER_FS",
+    "KB_EV_PER_K",
+    "BaseDynamics",
+    "ForceProvider",
+    "ModelForceProvider",
+    "Reducer",
+]
+
+#: One femtosecond in ASE time units (Angstrom * sqrt(amu / eV)).
+ASE_TIME_PER_FS = 0.09822694788464063
+#: Boltzmann constant, eV / K.
+KB_EV_PER_K = 8.617333262e-5
+
+_ENERGY_KEYS = ("energy", "stress")
+
+
+class Reducer:
+    """Sums and maxima of small tensors over every atom of the system.
+
+    The single-process reducer is the identity; the distributed one (set by
+    DomainParallel) all-reduces over the mesh, so integrators that need global
+    quantities (FIRE's power, a thermostat's temperature) work unchanged.
+    """
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over all ranks (identity here)."""
+        return t
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise max of ``t`` over all ranks (identity here)."""
+        return t
+
+
+class ForceProvider(Protocol):
+    """Computes model outputs for the integrator's batch.
+
+    Returns the batch to continue with (a distributed provider may migrate atoms
+    and return different owned rows) and the outputs for its rows. Forces are
+    always returned; a distributed provider may leave out per-system totals that
+    need a reduction (they are reduced on demand, when a hook needs them).
+    """
+
+    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]: ...
+
+
+class ModelForceProvider:
+    """Runs a model on the whole batch in this process."""
+
+    def __init__(self, model: Callable[[Batch], ModelOutputs]) -> None:
+        self.model = model
+
+    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
+        return batch, self.model(batch)
+
+
+HookRunner = Callable[["BaseDynamics", HookStage, list[Hook]], None]
+
+
+def _run_hooks_locally(dyn: BaseDynamics, stage: HookStage, hooks: list[Hook]) -> None:
+    for hook in hooks:
+        hook.fn(HookContext(batch=dyn.batch, step=dyn.step_count, stage=stage, dynamics=dyn))
+
+
+class BaseDynamics:
+    """Integrator skeleton: ``step`` = pre_update, compute, post_update (+ hooks).
+
+    Subclasses implement :meth:`pre_update` and :meth:`post_update` on
+    ``self.batch`` (owned atoms only under DD) and may override
+    :meth:`is_converged`. Per-atom integrator state must live in
+    ``batch.atom_extras`` so it travels with migrating atoms.
+
+    Parameters
+    ----------
+    model:
+        A callable ``model(batch) -> ModelOutputs`` (an ``nvdd.spec.BaseModelMixin``).
+    batch:
+        The system.
+    dt_fs:
+        Time step in femtoseconds.
+    hooks:
+        Initial hooks.
+    """
+
+    def __init__(
+        self,
+        model: Callable[[Batch], ModelOutputs],
+        batch: Batch,
+        *,
+        dt_fs: float = 1.0,
+        hooks: Iterable[Hook] = (),
+    ) -> None:
+        if not dt_fs > 0:
+            raise ConfigurationError(f"dt_fs must be positive, got {dt_fs!r}")
+        self.model = model
+        self.batch = batch
+        self.dt_fs = float(dt_fs)
+        self.step_count = 0
+        self.converged = False
+        self.hooks: list[Hook] = list(hooks)
+        self.reducer: Reducer = Reducer()
+        self.force_provider: ForceProvider = ModelForceProvider(model)
+        self.hook_runner: HookRunner = _run_hooks_locally
+        self._forces_ready = False
+
+    # ---------------------------------------------------------------- hooks
+    def register_hook(
+        self,
+        stage: HookStage,
+        fn: Callable[[HookContext], Any],
+        *,
+        every: int = 1,
+        scope: HookScope = HookScope.LOCAL,
+        needs: Iterable[str] = (),
+    ) -> Hook:
+        """Add a hook; returns it (pass it to :meth:`remove_hook` to drop it)."""
+        hook = Hook(stage=stage, fn=fn, every=every, scope=scope, needs=frozenset(needs))
+        self.hooks.append(hook)
+        return hook
+
+    def remove_hook(self, hook: Hook) -> None:
+        """Drop a hook registered earlier."""
+        self.hooks.remove(hook)
+
+    def _fire(self, stage: HookStage) -> None:
+        due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
+        if due:
+            self.hook_runner(self, stage, due)
+
+    # ------------------------------------------------------------ the step
+    @property
+    def dt(self) -> float:
+        """Time step in ASE time units."""
+        return self.dt_fs * ASE_TIME_PER_FS
+
+    def pre_update(self) -> None:
+        """First half of the step, before forces (e.g. half kick and drift)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement pre_update")
+
+    def post_update(self) -> None:
+        """Second half of the step, after forces (e.g. the second half kick)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement post_update")
+
+    def compute(self) -> None:
+        """Run the model and store forces (and energy / stress) in the batch."""
+        batch, out = self.force_provider(self.batch)
+        if "forces" not in out:
+            raise ValidationError(
+                f"{type(self.model).__name__} returned no 'forces' (got {sorted(out)})"
+            )
+        fields: dict[str, Any] = {"forces": out["forces"].detach()}
+        for key in _ENERGY_KEYS:
+            value: Any = out.get(key)
+            if isinstance(value, torch.Tensor):
+                fields[key] = value.detach()
+        self.batch = batch.replace(**fields)
+        self._forces_ready = True
+
+    def is_converged(self) -> bool:
+        """Convergence check after each step (MD integrators never converge)."""
+        return False
+
+    def ensure_forces(self) -> None:
+        """Compute forces at the current positions if not done yet (t = 0)."""
+        if not self._forces_ready:
+            self.compute()
+
+    def step(self) -> None:
+        """One step with every hook stage."""
+        self.ensure_forces()
+        self._fire(HookStage.BEFORE_STEP)
+        self._fire(HookStage.BEFORE_PRE_UPDATE)
+        self.pre_update()
+        self._fire(HookStage.AFTER_PRE_UPDATE)
+        self._fire(HookStage.BEFORE_COMPUTE)
+        self.compute()
+        self._fire(HookStage.AFTER_COMPUTE)
+        self._fire(HookStage.BEFORE_POST_UPDATE)
+        self.post_update()
+        self._fire(HookStage.AFTER_POST_UPDATE)
+        self.step_count += 1
+        self._fire(HookStage.AFTER_STEP)
+        if self.is_converged():
+            self.converged = True
+            self._fire(HookStage.ON_CONVERGE)
+
+    def run(self, n_steps: int) -> bool:
+        """Up to ``n_steps`` steps, stopping early at convergence; returns ``converged``."""
+        if n_steps < 0:
+            raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
+        for _ in range(n_steps):
+            self.step()
+            if self.converged:
+                break
+        return self.converged

@@ -1,0 +1,167 @@
+"""Output consolidation: padded per-rank model outputs -> this rank's share of the truth.
+
+Each output is combined by its :class:`~nvdd.spec.OutputSpec`:
+
+============  ============  ==================================================
+kind          reduce        what happens
+============  ============  ==================================================
+PER_NODE      ALL_REDUCE    ghost rows folded into their owners (one reverse
+                            exchange), owned rows kept
+PER_NODE      OWNED_ONLY    owned rows kept
+PER_GRAPH     ALL_REDUCE    kept as this rank's partial; summed over ranks on
+                            demand (:meth:`PendingTotals.materialize`)
+PER_GRAPH     OWNED_ONLY    kept (already the global value on every rank)
+GLOBAL        ALL_REDUCE    summed over ranks now
+GLOBAL        OWNED_ONLY    passed through
+UNKNOWN       (any)         passed through unchanged, with a one-time warning
+============  ============  ==================================================
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from nvdd.core import comm_device, get_world_size
+from nvdd.spec import MLIPSpec, OutputKind, Reduce
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from nvdd.halo import HaloPlan
+
+__all__ = ["PendingTotals", "UndeclaredOutputWarning", "consolidate"]
+
+
+class UndeclaredOutputWarning(UserWarning):
+    """A model output has no OutputSpec; it is passed through unverified."""
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _fold(x: torch.Tensor, plan: HaloPlan) -> torch.Tensor:
+    n = plan.n_owned
+    if x.shape[0] != plan.n_padded:
+        raise ValueError(
+            f"per-node output has {x.shape[0]} rows, expected n_padded={plan.n_padded}"
+        )
+    return x[:n] + plan.reverse(x[n:])
+
+
+def consolidate(
+    outputs: Mapping[str, Any],
+    spec: MLIPSpec,
+    plan: HaloPlan,
+    group: ProcessGroup | None,
+    *,
+    skip: Iterable[str] = (),
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Combine one forward's outputs; returns ``(final, partial_per_graph)``.
+
+    **Collective** over ``group`` when an output needs a fold (one reverse
+    exchange each) or is a GLOBAL all-reduce. PER_GRAPH partials are returned
+    separately, not reduced (see :class:`PendingTotals`).
+    """
+    final: dict[str, Any] = {}
+    partial: dict[str, torch.Tensor] = {}
+    skipped = set(skip)
+    for name, value in outputs.items():
+        if name in skipped:
+            continue
+        out = spec.output(name)
+        rule = out.effective_reduce()
+        if not isinstance(value, torch.Tensor):
+            final[name] = value
+            continue
+        if out.kind is OutputKind.UNKNOWN:
+            key = (spec.name, name)
+            if key not in _WARNED:
+                _WARNED.add(key)
+                warnings.warn(
+                    f"output {name!r} of {spec.name or 'the model'} has no OutputSpec; it is "
+                    "passed through unchanged (declare it to make it exact under DD)",
+                    UndeclaredOutputWarning,
+                    stacklevel=3,
+                )
+            final[name] = value
+        elif out.kind is OutputKind.PER_NODE:
+            final[name] = _fold(value, plan) if rule is Reduce.ALL_REDUCE else value[: plan.n_owned]
+        elif out.kind is OutputKind.PER_GRAPH:
+            if rule is Reduce.ALL_REDUCE:
+                partial[name] = value
+            else:
+                final[name] = value
+        elif rule is Reduce.ALL_REDUCE:  # GLOBAL
+            final[name] = _all_reduce(value, group)
+        else:
+            final[name] = value
+    return final, partial
+
+
+def _all_reduce(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    if get_world_size(group) == 1:
+        return x
+    buf = x.detach().to(comm_device(group)).contiguous().clone()
+    dist.all_reduce(buf, group=group)
+    return buf.to(x.device)
+
+
+class PendingTotals:
+    """Per-system partial sums kept until someone needs the totals.
+
+    Reducing a step's energy costs an all-reduce; an NVE step that no hook
+    inspects does not need it. :meth:`materialize` sums every pending partial
+    over the mesh in ONE all-reduce (**Collective**: every rank calls it at the
+    same point, which holds because hooks are registered on every rank alike).
+    """
+
+    def __init__(self, group: ProcessGroup | None) -> None:
+        self.group = group
+        self._partials: dict[str, torch.Tensor] = {}
+        self._base: dict[str, torch.Tensor] = {}
+        self._totals: dict[str, torch.Tensor] = {}
+
+    def set(
+        self,
+        partials: Mapping[str, torch.Tensor],
+        base: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Replace the pending partials with one forward's (totals become stale).
+
+        ``base`` holds values already global on every rank that are added to the
+        reduced partials of the same name (a pipeline mixing both kinds).
+        """
+        self._partials = {k: v.detach() for k, v in partials.items()}
+        self._base = {k: v.detach() for k, v in (base or {}).items()}
+        self._totals = {}
+
+    def materialize_lazy(self) -> dict[str, torch.Tensor]:
+        """The unreduced partials (no communication)."""
+        return dict(self._partials)
+
+    @property
+    def pending(self) -> frozenset[str]:
+        """Names whose partials are not reduced yet."""
+        return frozenset(k for k in self._partials if k not in self._totals)
+
+    def materialize(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Totals of ``names`` (default: all), reducing what is still pending.
+
+        **Collective** over :attr:`group` when something is pending.
+        """
+        want = [n for n in (self._partials if names is None else names) if n in self._partials]
+        todo = sorted(n for n in want if n not in self._totals)
+        if todo:
+            flat = [self._partials[n].reshape(-1) for n in todo]
+            buf = _all_reduce(torch.cat(flat), self.group)
+            offset = 0
+            for n, f in zip(todo, flat, strict=True):
+                total = buf[offset : offset + f.numel()].reshape(self._partials[n].shape)
+                self._totals[n] = total + self._base[n] if n in self._base else total
+                offset += f.numel()
+        return {n: self._totals[n] for n in want}

@@ -1,0 +1,428 @@
+"""`DistributedModel`: one model forward on this rank's ``[owned | ghost]`` rows.
+
+Per call (the integrator's compute stage):
+
+1. one all-reduce of a flag: did any owned atom move more than ``skin / 2`` since
+   the last build? If so, migrate atoms that left their box and rebuild the halo
+   plan (Verlet-style reuse otherwise);
+2. one forward exchange: ghost positions (image shifts from the current cell);
+3. the model on the padded rows, open boundaries, inside the DD context;
+4. consolidation by the spec: forces folded (one reverse exchange), per-system
+   partials kept until a hook needs them.
+
+So a step that rebuilds nothing costs two ``all_to_all_single`` and one small
+all-reduce (plus what the model itself asks for, e.g. ``system_sum``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, any_rank
+from nvdd.dynamics._collectives import count_collectives
+from nvdd.dynamics._config import DomainConfig
+from nvdd.dynamics._consolidate import PendingTotals, consolidate
+from nvdd.halo import HaloPlan, build_halo_plan
+from nvdd.shardtensor import DDContext, dd_scope
+from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec
+
+if TYPE_CHECKING:
+    from nvdd.partition import ShardedBatch
+
+__all__ = ["DDStats", "DistributedModel", "DistributedPipelineModel"]
+
+_PER_SYSTEM = ("energy", "stress", "virial")
+
+
+@dataclass
+class DDStats:
+    """Counters and timings of a distributed model (per process).
+
+    Attributes
+    ----------
+    calls, rebuilds:
+        Forward calls and halo rebuilds so far.
+    migrated:
+        Atoms this rank sent away at migrations so far.
+    n_owned, n_ghost:
+        Rows of the current plan.
+    last_collectives:
+        ``torch.distributed`` calls made by the last forward, by name.
+    seconds:
+        Accumulated wall time per phase: ``check``, ``migrate``, ``plan``,
+        ``exchange`` (ghost positions), ``model``, ``fold``, ``reduce``.
+    """
+
+    calls: int = 0
+    rebuilds: int = 0
+    migrated: int = 0
+    n_owned: int = 0
+    n_ghost: int = 0
+    last_collectives: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("check", "migrate", "plan", "exchange", "model", "fold", "reduce"), 0.0
+        )
+    )
+
+
+class _Timer:
+    def __init__(self, stats: DDStats, sync: bool) -> None:
+        self.stats, self.sync = stats, sync
+
+    def __call__(self, phase: str, t0: float) -> float:
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        self.stats.seconds[phase] += t1 - t0
+        return t1
+
+
+class DistributedModel:
+    """Wrap a single-process model wrapper for domain-decomposed inference.
+
+    Parameters
+    ----------
+    model:
+        A ``BaseModelMixin`` (``model(batch) -> outputs``, ``cutoff``,
+        ``distribution_spec``).
+    config:
+        The :class:`DomainConfig` of the scope.
+    spec:
+        Overrides ``model.distribution_spec(config.strategy)``.
+    count:
+        Count the collectives of every call (:attr:`DDStats.last_collectives`).
+    sync_timings:
+        Synchronise CUDA before reading phase timers (exact per-phase times for
+        benchmarks, slower steps).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        config: DomainConfig,
+        *,
+        spec: MLIPSpec | None = None,
+        count: bool = True,
+        sync_timings: bool = False,
+    ) -> None:
+        if not isinstance(config, DomainConfig):
+            raise ConfigurationError(f"config must be a DomainConfig, got {type(config).__name__}")
+        self.model = model
+        self.config = config
+        self.spec = spec if spec is not None else model.distribution_spec(config.strategy)
+        if not isinstance(self.spec, MLIPSpec):
+            raise ConfigurationError(
+                f"{type(model).__name__}.distribution_spec returned {self.spec!r}, not an MLIPSpec"
+            )
+        cutoff = float(getattr(model, "cutoff", config.cutoff))
+        if cutoff > config.cutoff + 1e-12:
+            raise ConfigurationError(
+                f"the model's cutoff {cutoff} exceeds DomainConfig.cutoff={config.cutoff}: ghosts "
+                "would be missing"
+            )
+        self.stats = DDStats()
+        self.count = count
+        self._timer = _Timer(self.stats, sync_timings)
+        self._registry = AdapterRegistry(self.spec.adapters())
+        self._sharded: ShardedBatch | None = None
+        self._plan: HaloPlan | None = None
+        self._static: Batch | None = None
+        self._ref_positions: torch.Tensor | None = None
+        self._version = 0
+        self.pending: PendingTotals | None = None
+
+    # ---------------------------------------------------------------- scope
+    @property
+    def ghost_width(self) -> float:
+        """Halo width the partitioner must use: the config's (plus the spec's extra)
+        plus the migration hysteresis (an owned atom may sit that far outside its
+        box, and its neighbours must still be ghosts)."""
+        return self.config.resolved_ghost_width(self.spec.options.extra_ghost_width) + (
+            self.config.hysteresis
+        )
+
+    @property
+    def plan(self) -> HaloPlan:
+        """The current halo plan (after :meth:`attach`)."""
+        if self._plan is None:
+            raise ConfigurationError("DistributedModel: call attach(sharded_batch) first")
+        return self._plan
+
+    @property
+    def sharded(self) -> ShardedBatch:
+        """The sharded batch this model runs on (after :meth:`attach`)."""
+        if self._sharded is None:
+            raise ConfigurationError("DistributedModel: call attach(sharded_batch) first")
+        return self._sharded
+
+    def attach(self, sharded: ShardedBatch) -> None:
+        """Start running on ``sharded``: install the spec's adapters, build the plan.
+
+        **Collective** over the sharded batch's group.
+        """
+        self._sharded = sharded
+        self.pending = PendingTotals(sharded.group)
+        self._registry.install()
+        try:
+            self._rebuild(sharded.local_batch, migrate=False)
+            setup = getattr(self.model, "distributed_setup", None)
+            if setup is not None:
+                setup(self._context(self.plan, None))
+        except BaseException:
+            self._registry.restore()
+            raise
+
+    def detach(self) -> None:
+        """Restore the adapters and call the model's ``distributed_teardown``."""
+        try:
+            teardown = getattr(self.model, "distributed_teardown", None)
+            if teardown is not None and self._sharded is not None:
+                teardown()
+        finally:
+            self._registry.restore()
+            self._sharded = None
+
+    @property
+    def adapter_statuses(self) -> tuple[Any, ...]:
+        """One :class:`~nvdd.spec.AdapterStatus` per adapter of the spec."""
+        return self._registry.statuses
+
+    # ------------------------------------------------------------- the step
+    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
+        """Outputs for this rank's owned atoms (a ``ForceProvider``).
+
+        **Collective** over the mesh: every rank calls it once per compute.
+        Returns the batch to continue with (rows change when atoms migrate).
+        """
+        if self.count:
+            with count_collectives() as counts:
+                out = self._call(batch)
+            self.stats.last_collectives = counts
+            return out
+        return self._call(batch)
+
+    def _call(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
+        sharded = self.sharded
+        sharded.update_from_batch(batch, check=False)
+        self.stats.calls += 1
+        t0 = time.perf_counter()
+        if self._needs_rebuild(batch):
+            t0 = self._timer("check", t0)
+            self._rebuild(sharded.local_batch, migrate=True)
+            t0 = time.perf_counter()
+        else:
+            t0 = self._timer("check", t0)
+        local = sharded.local_batch
+        outputs = self._forward(local, t0)
+        return local, outputs
+
+    def _needs_rebuild(self, batch: Batch) -> bool:
+        ref = self._ref_positions
+        if ref is None or ref.shape != batch.positions.shape or self.config.skin == 0:
+            moved = True
+        else:
+            d2 = ((batch.positions.detach() - ref) ** 2).sum(dim=1)
+            moved = bool(d2.numel()) and bool(d2.max() > (0.5 * self.config.skin) ** 2)
+        return any_rank(moved, self.sharded.group)
+
+    def _rebuild(self, local: Batch, *, migrate: bool) -> None:
+        sharded = self.sharded
+        t0 = time.perf_counter()
+        if migrate:
+            stats = sharded.migrate(self.config.hysteresis)
+            self.stats.migrated += int(getattr(stats, "n_sent", 0))
+            t0 = self._timer("migrate", t0)
+        local = sharded.local_batch
+        part = sharded.partitioner
+        plan = build_halo_plan(
+            part.halo_config(sharded.group),
+            local.positions.detach(),
+            local.atom_ids,
+            local.system_index,
+            part.domain_cell(local.cell),
+        )
+        # Fields the model reads at neighbours but that do not move: exchanged once.
+        extras = [f for f in self.spec.distribution.sharded_fields if f in local.atom_extras]
+        ghosts = plan.forward_many(
+            [local.atomic_numbers, local.masses, *(local.atom_extras[f] for f in extras)]
+        )
+        n_ghost = plan.n_ghost
+        zeros3 = local.positions.new_zeros(n_ghost, 3)
+        self._static = Batch(
+            positions=torch.cat([local.positions.detach(), zeros3]),
+            atomic_numbers=torch.cat([local.atomic_numbers, ghosts[0]]),
+            masses=torch.cat([local.masses, ghosts[1]]),
+            velocities=torch.cat([local.velocities, zeros3]),
+            forces=torch.cat([local.forces, zeros3]),
+            system_index=torch.cat([local.system_index, plan.ghost_system_index.to(local.device)]),
+            atom_ids=torch.cat([local.atom_ids, plan.ghost_atom_ids.to(local.device)]),
+            cell=local.cell,
+            pbc=torch.zeros_like(local.pbc),
+            energy=torch.zeros_like(local.energy),
+            stress=torch.zeros_like(local.stress),
+            atom_extras={
+                f: torch.cat([local.atom_extras[f], g])
+                for f, g in zip(extras, ghosts[2:], strict=True)
+            },
+            validate=False,
+        )
+        self._plan = plan
+        self._ref_positions = local.positions.detach().clone()
+        self._version += 1
+        self.stats.rebuilds += 1
+        self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
+        self._timer("plan", t0)
+
+    def _context(self, plan: HaloPlan, positions: torch.Tensor | None) -> DDContext:
+        return DDContext(
+            layout=plan,
+            group=self.sharded.group,
+            n_systems=self.sharded.local_batch.n_systems,
+            positions=positions,
+            topology_version=self._version,
+        )
+
+    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
+        plan, static = self.plan, self._static
+        assert static is not None
+        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
+        owned = local.positions.detach()
+        ghost = plan.ghost_positions(owned, local.cell)
+        padded = torch.cat([owned, ghost.detach()])
+        if autograd:
+            padded.requires_grad_(True)
+        t0 = self._timer("exchange", t0)
+        padded_batch = static.replace(positions=padded, cell=local.cell)
+        with (
+            dd_scope(self._context(plan, padded)),
+            torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
+        ):
+            raw = dict(self.model(padded_batch))
+        t0 = self._timer("model", t0)
+        return self._consolidate(raw, padded, t0)
+
+    def _consolidate(self, raw: dict[str, Any], padded: torch.Tensor, t0: float) -> ModelOutputs:
+        plan = self.plan
+        if "forces" in raw:
+            f_padded = raw.pop("forces")
+        elif self.spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
+            (grad,) = torch.autograd.grad(raw["energy"].sum(), padded, allow_unused=True)
+            f_padded = -grad if grad is not None else torch.zeros_like(padded)
+        else:
+            raise ValidationError(
+                f"{type(self.model).__name__} returned neither 'forces' nor a differentiable "
+                f"'energy' (got {sorted(raw)}) under {self.spec.force_strategy}"
+            )
+        if f_padded.shape != padded.shape:
+            raise ValidationError(
+                f"forces have shape {tuple(f_padded.shape)}, expected the padded rows "
+                f"{tuple(padded.shape)}"
+            )
+        f_padded = f_padded.detach()
+        forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
+        t0 = self._timer("fold", t0)
+        final, partial = consolidate(
+            {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
+            self.spec,
+            plan,
+            self.sharded.group,
+        )
+        assert self.pending is not None
+        self.pending.set(partial)
+        final["forces"] = forces
+        self._timer("reduce", t0)
+        return final  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ on demand
+    def materialize(self, names: Sequence[str] = _PER_SYSTEM) -> dict[str, torch.Tensor]:
+        """Per-system totals (summed over ranks) of the last forward's partial outputs.
+
+        **Collective** over the mesh (one all-reduce when something is pending).
+        """
+        if self.pending is None:
+            return {}
+        return self.pending.materialize(names)
+
+
+class DistributedPipelineModel(DistributedModel):
+    """Domain decomposition of a composed (pipeline) model: the sum of components.
+
+    Every component runs on the same padded rows (the halo is wide enough for
+    the widest component: its spec's extra ghost width) and is consolidated by its
+    own spec; forces and per-system outputs are summed.
+
+    Parameters
+    ----------
+    models:
+        The components (each a ``BaseModelMixin``).
+    config:
+        The :class:`DomainConfig` (its cutoff must cover every component).
+    """
+
+    def __init__(self, models: Sequence[Any], config: DomainConfig, **kwargs: Any) -> None:
+        if not models:
+            raise ConfigurationError("DistributedPipelineModel needs at least one model")
+        self.components = [(m, m.distribution_spec(config.strategy)) for m in models]
+        specs = [s for _, s in self.components]
+        merged = specs[0]
+        for s in specs[1:]:
+            merged = merged | s
+        widest = max(s.options.extra_ghost_width for s in specs)
+        merged = merged.replace(
+            options=merged.options.__class__(
+                **{**merged.options.__dict__, "extra_ghost_width": widest}
+            )
+        )
+        super().__init__(_Sum(models), config, spec=merged, **kwargs)
+
+    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
+        plan, static = self.plan, self._static
+        assert static is not None
+        owned = local.positions.detach()
+        padded = torch.cat([owned, plan.ghost_positions(owned, local.cell).detach()])
+        t0 = self._timer("exchange", t0)
+        forces = torch.zeros_like(owned)
+        finals: dict[str, torch.Tensor] = {}
+        partials: dict[str, torch.Tensor] = {}
+        base = self.spec
+        try:
+            for model, spec in self.components:
+                leaf = padded.detach().requires_grad_(spec.force_strategy is ForceStrategy.AUTOGRAD)
+                padded_batch = static.replace(positions=leaf, cell=local.cell)
+                with dd_scope(self._context(plan, leaf)), torch.enable_grad():
+                    raw = dict(model(padded_batch))
+                self.model, self.spec = model, spec
+                out = self._consolidate(raw, leaf, t0)
+                assert self.pending is not None
+                forces = forces + out.pop("forces")
+                for k, v in out.items():
+                    if isinstance(v, torch.Tensor) and k in finals and k not in ("atom_energies",):
+                        finals[k] = finals[k] + v
+                    elif isinstance(v, torch.Tensor):
+                        finals[k] = v
+                for k, v in self.pending.materialize_lazy().items():
+                    partials[k] = partials[k] + v if k in partials else v
+        finally:
+            self.model, self.spec = _Sum([m for m, _ in self.components]), base
+        assert self.pending is not None
+        self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
+        finals["forces"] = forces
+        return finals  # type: ignore[return-value]
+
+
+class _Sum:
+    """A stand-in model for the pipeline (cutoff = the largest component's)."""
+
+    def __init__(self, models: Sequence[Any]) -> None:
+        self.models = list(models)
+        self.cutoff = max(float(getattr(m, "cutoff", 0.0)) for m in self.models)
+
+    def __call__(self, batch: Batch) -> ModelOutputs:  # pragma: no cover - never called
+        raise RuntimeError("the pipeline runs its components one by one")

@@ -1,0 +1,284 @@
+"""`DomainParallel`: wrap any `BaseDynamics` with spatial domain decomposition."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    get_rank,
+    get_world_size,
+    init_distributed,
+)
+from nvdd.dynamics._base import BaseDynamics, Reducer, _run_hooks_locally
+from nvdd.dynamics._collectives import MeshReducer
+from nvdd.dynamics._config import DomainConfig
+from nvdd.dynamics._distributed_model import DDStats, DistributedModel
+from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.partition import BalanceMode, ShardedBatch, SpatialPartitioner
+from nvdd.spec import MLIPSpec, StrategyKind
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["DomainParallel"]
+
+_TOTALS = ("energy", "stress", "virial")
+
+
+def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
+    mesh = config.mesh
+    if mesh is None:
+        return None
+    get_group = getattr(mesh, "get_group", None)
+    if get_group is not None:
+        try:
+            return get_group(config.mesh_dim)  # type: ignore[no-any-return]
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ConfigurationError(
+                f"DomainConfig.mesh has no dimension {config.mesh_dim!r}: {exc}"
+            ) from exc
+    return mesh  # type: ignore[no-any-return]
+
+
+class DomainParallel:
+    """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition.
+
+    The inner integrator and its model are unchanged: the integrator sees its
+    owned atoms only, forces come from a :class:`DistributedModel`, global sums
+    (FIRE's power, temperatures) go through a mesh-wide reducer, and its hooks
+    fire at every stage they registered for. Launch one process per rank
+    (``torchrun``); every rank builds the same objects.
+
+    Parameters
+    ----------
+    dynamics:
+        The single-process integrator (its ``batch`` is the whole system on the
+        source rank; other ranks may hold anything, e.g. the same file read).
+    config:
+        The :class:`DomainConfig`.
+    spec:
+        Overrides the model's ``distribution_spec``.
+    src:
+        Rank that holds the whole batch at :meth:`partition`.
+    backend, timeout_s:
+        Used to initialise ``torch.distributed`` when it is not yet (a world of
+        one without a torchrun environment).
+    sync_timings:
+        Exact per-phase timings on GPUs (synchronises; for benchmarks).
+
+    Notes
+    -----
+    ``partition``, ``step``, ``run``, ``gather`` and ``close`` are **Collective**
+    over the mesh: every rank calls them in the same order. Under DD the
+    per-system totals in ``dynamics.batch`` (energy, stress) are reduced only
+    when a hook that needs them is due (or :meth:`gather` / :meth:`totals` is
+    called); between such points they are stale.
+    """
+
+    def __init__(
+        self,
+        dynamics: BaseDynamics,
+        config: DomainConfig,
+        *,
+        spec: MLIPSpec | None = None,
+        src: int = 0,
+        backend: str | None = None,
+        timeout_s: float = 600.0,
+        sync_timings: bool = False,
+    ) -> None:
+        if not isinstance(dynamics, BaseDynamics):
+            raise ConfigurationError(
+                f"DomainParallel wraps a BaseDynamics, got {type(dynamics).__name__}"
+            )
+        if not isinstance(config, DomainConfig):
+            raise ConfigurationError(f"config must be a DomainConfig, got {type(config).__name__}")
+        if config.strategy is not StrategyKind.HALO:
+            raise ConfigurationError(
+                f"DomainParallel runs StrategyKind.HALO; {config.strategy} is not supported yet "
+                "(see docs/design.md, 'Graph partition')"
+            )
+        if not dist.is_initialized():
+            device = dynamics.batch.device if isinstance(dynamics.batch, Batch) else None
+            init_distributed(backend=backend, device=device, timeout_s=timeout_s)
+        self.config = config
+        self.dynamics = dynamics
+        self.group = _resolve_group(config)
+        self.rank = get_rank(self.group)
+        self.world_size = get_world_size(self.group)
+        if not 0 <= src < self.world_size:
+            raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
+        self.src = src
+        self.model = DistributedModel(dynamics.model, config, spec=spec, sync_timings=sync_timings)
+        self._sharded: ShardedBatch | None = None
+        self._single: tuple[Any, Reducer, Any] = (
+            dynamics.force_provider,
+            dynamics.reducer,
+            dynamics.hook_runner,
+        )
+
+    # ------------------------------------------------------------ set-up
+    @property
+    def sharded(self) -> ShardedBatch:
+        """The partitioned state (after :meth:`partition`)."""
+        if self._sharded is None:
+            raise ConfigurationError("DomainParallel: call partition(batch) first")
+        return self._sharded
+
+    @property
+    def stats(self) -> DDStats:
+        """Counters and timings of the distributed model."""
+        return self.model.stats
+
+    def partition(self, batch: Batch | None = None) -> ShardedBatch:
+        """Scatter the system from ``src`` and build the first halo plan.
+
+        **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
+        ``src``; other ranks' arguments are ignored. Each rank receives only its
+        own atoms (O(N/P) memory).
+        """
+        if self._sharded is not None:
+            raise ConfigurationError("DomainParallel.partition: already partitioned")
+        cfg = self.config
+        ghost_width = self.model.ghost_width
+        kwargs: dict[str, Any] = {
+            "grid_dims": cfg.grid_dims,
+            "balance": BalanceMode.QUANTILE if cfg.load_balance else BalanceMode.UNIFORM,
+            "require_nondegenerate": cfg.require_nondegenerate,
+        }
+        if cfg.skin > 0:
+            kwargs["skin"] = cfg.skin
+
+        def factory(b: Batch) -> SpatialPartitioner:
+            return SpatialPartitioner.from_batch(b, self.world_size, ghost_width, **kwargs)
+
+        source = None
+        if self.rank == self.src:
+            source = batch if batch is not None else self.dynamics.batch
+        sharded = ShardedBatch.from_batch(source, self.group, factory, src=self.src)
+        self.model.attach(sharded)
+        self._sharded = sharded
+        dyn = self.dynamics
+        dyn.batch = sharded.local_batch
+        dyn.force_provider = self.model
+        dyn.reducer = MeshReducer(self.group)
+        dyn.hook_runner = self._run_hooks
+        dyn._forces_ready = False
+        return sharded
+
+    # ------------------------------------------------------------- hooks
+    def register_hook(
+        self,
+        stage: HookStage,
+        fn: Any,
+        *,
+        every: int = 1,
+        scope: HookScope = HookScope.LOCAL,
+        needs: Any = (),
+    ) -> Hook:
+        """Register a hook on the wrapped integrator (see ``BaseDynamics.register_hook``).
+
+        Register the same hooks on every rank: GLOBAL and RANK_ZERO hooks imply a
+        gather, which every rank takes part in.
+        """
+        return self.dynamics.register_hook(stage, fn, every=every, scope=scope, needs=needs)
+
+    def _sync(self) -> ShardedBatch:
+        sharded = self.sharded
+        sharded.update_from_batch(self.dynamics.batch, check=False)
+        return sharded
+
+    def totals(self, names: tuple[str, ...] = _TOTALS) -> dict[str, torch.Tensor]:
+        """Per-system totals of the last force computation (energy, stress, ...).
+
+        **Collective** over the mesh (one all-reduce when something is pending);
+        also stores them in ``dynamics.batch``.
+        """
+        totals = self.model.materialize(names)
+        known: dict[str, Any] = {k: v for k, v in totals.items() if k in ("energy", "stress")}
+        if known:
+            self.dynamics.batch = self.dynamics.batch.replace(**known)
+        return totals
+
+    def _run_hooks(self, dyn: BaseDynamics, stage: HookStage, hooks: list[Hook]) -> None:
+        needs = sorted(set().union(*(h.needs for h in hooks)))
+        if needs:
+            self.totals(tuple(needs))
+        local = [h for h in hooks if h.scope is HookScope.LOCAL]
+        if local:
+            _run_hooks_locally(dyn, stage, local)
+        shared = [h for h in hooks if h.scope is HookScope.GLOBAL]
+        if shared:
+            whole = self._sync().to_global()  # one all-gather for every GLOBAL hook
+            for h in shared:
+                h.fn(self._ctx(whole, stage))
+        zero = [h for h in hooks if h.scope is HookScope.RANK_ZERO]
+        if zero:
+            gathered = self._sync().gather(0)
+            if gathered is not None:
+                for h in zero:
+                    h.fn(self._ctx(gathered, stage))
+
+    def _ctx(self, batch: Batch, stage: HookStage) -> HookContext:
+        return HookContext(
+            batch=batch,
+            step=self.dynamics.step_count,
+            stage=stage,
+            dynamics=self.dynamics,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    # -------------------------------------------------------------- running
+    def step(self) -> None:
+        """One step of the inner integrator, decomposed. **Collective**."""
+        self.sharded  # noqa: B018 - raises before any collective if not partitioned
+        self.dynamics.step()
+
+    def run(self, n_steps: int) -> bool:
+        """Up to ``n_steps`` steps; stops when the integrator converges mesh-wide.
+        **Collective**; returns whether it converged."""
+        self.sharded  # noqa: B018
+        return self.dynamics.run(n_steps)
+
+    def gather(self, dst: int = 0) -> Batch | None:
+        """The whole system in atom-id order on ``dst`` (None elsewhere), with the
+        per-system totals of the last force computation. **Collective**."""
+        self.totals()
+        return self._sync().gather(dst)
+
+    def to_global(self) -> Batch:
+        """The whole system on every rank. **Collective**."""
+        self.totals()
+        return self._sync().to_global()
+
+    def close(self) -> None:
+        """Restore the model's adapters and the integrator's single-process wiring.
+
+        The integrator keeps this rank's owned atoms; gather first to keep the
+        whole system. Idempotent; the process group stays (it is the caller's).
+        """
+        if self._sharded is None:
+            return
+        try:
+            self.model.detach()
+        finally:
+            dyn = self.dynamics
+            dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
+            self._sharded = None
+
+    def __enter__(self) -> DomainParallel:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

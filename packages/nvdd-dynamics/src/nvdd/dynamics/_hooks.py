@@ -1,0 +1,120 @@
+"""Hook stages, scopes and registrations."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nvdd.core import Batch, ConfigurationError
+
+if TYPE_CHECKING:
+    from nvdd.dynamics._base import BaseDynamics
+
+__all__ = ["Hook", "HookContext", "HookScope", "HookStage"]
+
+
+class HookStage(enum.Enum):
+    """Where in a step a hook runs (in this order)."""
+
+    BEFORE_STEP = "before_step"
+    BEFORE_PRE_UPDATE = "before_pre_update"
+    AFTER_PRE_UPDATE = "after_pre_update"
+    BEFORE_COMPUTE = "before_compute"
+    AFTER_COMPUTE = "after_compute"
+    BEFORE_POST_UPDATE = "before_post_update"
+    AFTER_POST_UPDATE = "after_post_update"
+    AFTER_STEP = "after_step"
+    ON_CONVERGE = "on_converge"
+
+
+class HookScope(enum.Enum):
+    """Which ranks execute a hook callback, on which batch.
+
+    ``LOCAL``: every rank, on its own owned atoms. ``GLOBAL``: every rank, on the
+    whole system gathered to every rank (all GLOBAL hooks of one stage share one
+    gather). ``RANK_ZERO``: rank 0 only, on the whole system gathered to rank 0.
+    In a single process all three run once on the whole batch.
+    """
+
+    LOCAL = "local"
+    GLOBAL = "global"
+    RANK_ZERO = "rank_zero"
+
+
+@dataclass(frozen=True)
+class HookContext:
+    """What a hook callback receives.
+
+    Attributes
+    ----------
+    batch:
+        The batch of the hook's scope (owned atoms for LOCAL, the whole system in
+        atom-id order for GLOBAL / RANK_ZERO).
+    step:
+        Steps completed so far (0 before the first step).
+    stage:
+        The stage running.
+    dynamics:
+        The inner integrator.
+    rank, world_size:
+        Place of this process in the decomposition (0 and 1 in a single process).
+    """
+
+    batch: Batch
+    step: int
+    stage: HookStage
+    dynamics: BaseDynamics
+    rank: int = 0
+    world_size: int = 1
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One registered callback.
+
+    Parameters
+    ----------
+    stage:
+        When it runs.
+    fn:
+        ``fn(ctx: HookContext) -> None``.
+    every:
+        Frequency in steps (runs when ``step % every == 0``; ON_CONVERGE hooks run
+        once, at convergence).
+    scope:
+        :class:`HookScope`.
+    needs:
+        Outputs the hook reads from the batch besides positions, velocities and
+        forces (``"energy"``, ``"stress"``). Under domain decomposition the
+        per-system totals are reduced across ranks only on steps where a due hook
+        (or the integrator) needs them. GLOBAL and RANK_ZERO hooks need both.
+    """
+
+    stage: HookStage
+    fn: Callable[[HookContext], Any]
+    every: int = 1
+    scope: HookScope = HookScope.LOCAL
+    needs: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, HookStage):
+            raise ConfigurationError(f"Hook.stage must be a HookStage, got {self.stage!r}")
+        if not isinstance(self.scope, HookScope):
+            raise ConfigurationError(f"Hook.scope must be a HookScope, got {self.scope!r}")
+        if not isinstance(self.every, int) or self.every < 1:
+            raise ConfigurationError(f"Hook.every must be an integer >= 1, got {self.every!r}")
+        if not callable(self.fn):
+            raise ConfigurationError(f"Hook.fn must be callable, got {self.fn!r}")
+        bad = set(self.needs) - {"energy", "stress"}
+        if bad:
+            raise ConfigurationError(f"Hook.needs accepts 'energy' and 'stress', got {sorted(bad)}")
+        if self.scope is not HookScope.LOCAL:
+            object.__setattr__(self, "needs", frozenset({"energy", "stress"}))
+        else:
+            object.__setattr__(self, "needs", frozenset(self.needs))
+
+    def due(self, step: int) -> bool:
+        """Whether the hook runs at ``step``."""
+        return self.stage is HookStage.ON_CONVERGE or step % self.every == 0

@@ -1,0 +1,175 @@
+"""Integrators: velocity-Verlet NVE, Langevin NVT (BAOAB), FIRE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, ModelOutputs
+from nvdd.dynamics._base import KB_EV_PER_K, BaseDynamics
+from nvdd.dynamics._hooks import Hook
+from nvdd.dynamics._rng import atom_normal
+
+__all__ = ["FIRE", "Langevin", "VelocityVerlet", "kinetic_energy", "temperature"]
+
+
+def kinetic_energy(batch: Batch, reducer: Any = None) -> torch.Tensor:
+    """Per-system kinetic energy (eV), shape ``(n_systems,)``; summed over ranks by
+    ``reducer`` when given (a **Collective** under DD)."""
+    per_atom = 0.5 * batch.masses * (batch.velocities * batch.velocities).sum(dim=1)
+    ke = torch.zeros(batch.n_systems, dtype=batch.dtype, device=batch.device)
+    ke = ke.index_add(0, batch.system_index, per_atom)
+    return reducer.sum(ke) if reducer is not None else ke
+
+
+def temperature(batch: Batch, reducer: Any = None) -> torch.Tensor:
+    """Per-system instantaneous temperature (K) with 3N degrees of freedom."""
+    n = torch.bincount(batch.system_index, minlength=batch.n_systems).to(batch.dtype)
+    if reducer is not None:
+        n = reducer.sum(n)
+    return 2.0 * kinetic_energy(batch, reducer) / (3.0 * n.clamp(min=1) * KB_EV_PER_K)
+
+
+def _accel(batch: Batch) -> torch.Tensor:
+    return batch.forces / batch.masses[:, None]
+
+
+class VelocityVerlet(BaseDynamics):
+    """Velocity-Verlet NVE: half kick, drift | forces | half kick."""
+
+    def pre_update(self) -> None:
+        b = self.batch
+        v = b.velocities + 0.5 * self.dt * _accel(b)
+        self.batch = b.replace(velocities=v, positions=b.positions + self.dt * v)
+
+    def post_update(self) -> None:
+        b = self.batch
+        self.batch = b.replace(velocities=b.velocities + 0.5 * self.dt * _accel(b))
+
+
+class Langevin(BaseDynamics):
+    """Langevin NVT with the BAOAB splitting (B A O A | forces | B).
+
+    The noise of every atom is a function of ``(seed, step, atom id)`` only, so a
+    domain-decomposed run draws exactly the noise of the single-process run.
+
+    Parameters
+    ----------
+    temperature_K:
+        Bath temperature.
+    friction_per_fs:
+        Friction coefficient gamma, 1/fs.
+    seed:
+        Noise seed.
+    """
+
+    def __init__(
+        self,
+        model: Callable[[Batch], ModelOutputs],
+        batch: Batch,
+        *,
+        dt_fs: float = 1.0,
+        temperature_K: float,
+        friction_per_fs: float = 0.01,
+        seed: int = 0,
+        hooks: Iterable[Hook] = (),
+    ) -> None:
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        if not temperature_K >= 0:
+            raise ConfigurationError(f"temperature_K must be >= 0, got {temperature_K!r}")
+        if not friction_per_fs >= 0:
+            raise ConfigurationError(f"friction_per_fs must be >= 0, got {friction_per_fs!r}")
+        self.temperature_K = float(temperature_K)
+        self.friction_per_fs = float(friction_per_fs)
+        self.seed = int(seed)
+
+    def pre_update(self) -> None:
+        b = self.batch
+        half = 0.5 * self.dt
+        v = b.velocities + half * _accel(b)
+        x = b.positions + half * v
+        c1 = torch.exp(torch.tensor(-self.friction_per_fs * self.dt_fs, dtype=torch.float64))
+        c2 = torch.sqrt(1.0 - c1 * c1)
+        sigma = torch.sqrt(KB_EV_PER_K * self.temperature_K / b.masses)[:, None]
+        noise = atom_normal(self.seed, self.step_count, b.atom_ids, dtype=b.dtype)
+        v = float(c1) * v + float(c2) * sigma * noise.to(b.device)
+        x = x + half * v
+        self.batch = b.replace(velocities=v, positions=x)
+
+    def post_update(self) -> None:
+        b = self.batch
+        self.batch = b.replace(velocities=b.velocities + 0.5 * self.dt * _accel(b))
+
+
+class FIRE(BaseDynamics):
+    """FIRE minimiser (Bitzek et al. 2006) with mesh-wide power and norms.
+
+    Converged when the largest force component norm over all atoms is below
+    ``fmax`` (eV/Angstrom). Global sums go through ``self.reducer``, so a
+    decomposed run takes the same steps as the single-process one.
+    """
+
+    def __init__(
+        self,
+        model: Callable[[Batch], ModelOutputs],
+        batch: Batch,
+        *,
+        dt_fs: float = 1.0,
+        dt_max_fs: float = 10.0,
+        fmax: float = 0.05,
+        n_min: int = 5,
+        f_inc: float = 1.1,
+        f_dec: float = 0.5,
+        alpha_start: float = 0.1,
+        f_alpha: float = 0.99,
+        hooks: Iterable[Hook] = (),
+    ) -> None:
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        if not (fmax > 0 and dt_max_fs >= dt_fs and 0 < f_dec < 1 < f_inc and 0 < alpha_start < 1):
+            raise ConfigurationError(
+                f"FIRE: need fmax > 0 (got {fmax}), dt_max_fs >= dt_fs ({dt_max_fs} vs {dt_fs}), "
+                f"0 < f_dec < 1 < f_inc ({f_dec}, {f_inc}), 0 < alpha_start < 1 ({alpha_start})"
+            )
+        self.fmax, self.dt_max_fs, self.n_min = float(fmax), float(dt_max_fs), int(n_min)
+        self.f_inc, self.f_dec = float(f_inc), float(f_dec)
+        self.alpha_start, self.f_alpha = float(alpha_start), float(f_alpha)
+        self.alpha = self.alpha_start
+        self.n_positive = 0
+
+    def pre_update(self) -> None:
+        b = self.batch
+        f, v = b.forces, b.velocities
+        sums = self.reducer.sum(
+            torch.stack([(f * v).sum(), (f * f).sum(), (v * v).sum()]).to(torch.float64)
+        )
+        power, f2, v2 = (float(x) for x in sums)
+        if power > 0:
+            if f2 > 0:
+                v = (1.0 - self.alpha) * v + self.alpha * (v2**0.5) * f / (f2**0.5)
+            if self.n_positive > self.n_min:
+                self.dt_fs = min(self.dt_fs * self.f_inc, self.dt_max_fs)
+                self.alpha *= self.f_alpha
+            self.n_positive += 1
+        else:
+            v = torch.zeros_like(v)
+            self.dt_fs *= self.f_dec
+            self.alpha = self.alpha_start
+            self.n_positive = 0
+        v = v + self.dt * _accel(b)
+        self.batch = b.replace(velocities=v, positions=b.positions + self.dt * v)
+
+    def post_update(self) -> None:
+        pass
+
+    def max_force(self) -> float:
+        """Largest per-atom force norm over all atoms (a **Collective** under DD)."""
+        f = self.batch.forces
+        local = (
+            f.norm(dim=1).max() if f.shape[0] else torch.zeros((), dtype=f.dtype, device=f.device)
+        )
+        return float(self.reducer.max(local.reshape(1).to(torch.float64))[0])
+
+    def is_converged(self) -> bool:
+        return self.max_force() < self.fmax

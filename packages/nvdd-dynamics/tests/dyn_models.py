@@ -1,0 +1,126 @@
+"""Small brute-force pair models for the dynamics tests (not the shipped models).
+
+``SoftPair``: E = sum over pairs within rc of eps * (1 - r/rc)^3, counted once per
+pair through per-atom halves. Under a DD context it runs with open boundaries on
+the ``[owned | ghost]`` rows and counts only owned receivers; single-process it
+sums over periodic images explicitly. Forces are -dE/dx by autograd, computed
+inside the model (``SPEC_LJ_HALO``: direct forces on padded rows, folded).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from nvdd.core import Batch, ModelOutputs
+from nvdd.shardtensor import Scope, current_dd_context, system_sum
+from nvdd.spec import SPEC_LJ_HALO, SPEC_MPNN_HALO, BaseModelMixin, MLIPSpec, StrategyKind
+
+
+def _images(cell: torch.Tensor, pbc: torch.Tensor, rc: float) -> torch.Tensor:
+    ranges = []
+    vol = abs(float(torch.linalg.det(cell))) if bool(pbc.any()) else 0.0
+    for a in range(3):
+        if bool(pbc[a]):
+            b, c = cell[(a + 1) % 3], cell[(a + 2) % 3]
+            spacing = vol / float(torch.linalg.cross(b, c).norm())
+            k = math.ceil(rc / spacing)
+            ranges.append(range(-k, k + 1))
+        else:
+            ranges.append(range(1))
+    return torch.tensor(list(itertools.product(*ranges)), dtype=cell.dtype)
+
+
+class SoftPair(BaseModelMixin, torch.nn.Module):
+    def __init__(self, rc: float = 2.5, eps: float = 0.2, spec: MLIPSpec = SPEC_LJ_HALO) -> None:
+        super().__init__()
+        self.rc, self.eps, self._spec = rc, eps, spec
+
+    @property
+    def cutoff(self) -> float:
+        return self.rc
+
+    def distribution_spec(self, strategy: StrategyKind = StrategyKind.HALO) -> MLIPSpec:
+        return self._spec
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        ctx = current_dd_context()
+        pos = batch.positions
+        leaf = pos if pos.requires_grad else pos.detach().requires_grad_(True)
+        n_rows = leaf.shape[0]
+        counted = ctx.layout.n_owned if ctx.layout is not None else n_rows
+        e_atom = leaf.new_zeros(n_rows)
+        for s in range(batch.n_systems):
+            rows = (batch.system_index == s).nonzero().flatten()
+            shifts = _images(batch.cell[s], batch.pbc[s], self.rc) @ batch.cell[s]
+            x = leaf[rows]
+            d = x[None, :, None, :] + shifts[None, None, :, :] - x[:, None, None, :]
+            r = d.norm(dim=-1)
+            same = torch.eye(len(rows), dtype=torch.bool)[:, :, None] & (shifts.norm(dim=-1) == 0)
+            mask = (r < self.rc) & ~same & (rows < counted)[:, None, None]
+            safe = torch.where(mask, r, torch.full_like(r, self.rc))
+            phi = self.eps * (1 - safe / self.rc) ** 3
+            e_atom = e_atom.index_add(0, rows, 0.5 * (phi * mask).sum(dim=(1, 2)))
+        scope = (
+            Scope.LOCAL
+            if self._spec.output("energy").effective_reduce().value == "all_reduce"
+            else Scope.OWNED
+        )
+        energy = system_sum(e_atom, batch.system_index, batch.n_systems, scope=scope)
+        (grad,) = torch.autograd.grad(e_atom[:counted].sum(), leaf)
+        return {"energy": energy, "forces": -grad, "atom_energies": e_atom}
+
+
+def soft_pair_mpnn_spec() -> SoftPair:
+    """The same physics declared with the MPNN preset (replicated energy, autograd)."""
+    return SoftPair(spec=SPEC_MPNN_HALO)
+
+
+class MPLayer(torch.nn.Module):
+    """h_i <- h_i + sum_j w(r_ij) h_j over receivers the context counts.
+
+    Under DD only owned receivers get their sum, so the ghost rows of the output
+    are stale: a following layer that reads them is wrong unless something
+    refreshes them (a neighbor_refresh_adapters fix)."""
+
+    def __init__(self, rc: float) -> None:
+        super().__init__()
+        self.rc = rc
+
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, n_recv: int) -> torch.Tensor:
+        d = (pos[None, :, :] - pos[:, None, :]).norm(dim=-1)
+        w = torch.where(d < self.rc, (1 - d / self.rc) ** 2, torch.zeros_like(d))
+        w = w * (~torch.eye(len(pos), dtype=torch.bool))
+        w[n_recv:] = 0.0
+        return h + w @ h
+
+
+class ToyMP(BaseModelMixin, torch.nn.Module):
+    """Two MPLayers on open boundaries (use an open-boundary batch)."""
+
+    def __init__(self, rc: float = 2.5) -> None:
+        super().__init__()
+        self.rc = rc
+        self.layers = torch.nn.ModuleList([MPLayer(rc), MPLayer(rc)])
+
+    @property
+    def cutoff(self) -> float:
+        return self.rc
+
+    def distribution_spec(self, strategy: StrategyKind = StrategyKind.HALO) -> MLIPSpec:
+        return SPEC_MPNN_HALO.replace(name="ToyMP without refresh")
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        ctx = current_dd_context()
+        pos = batch.positions
+        leaf = pos if pos.requires_grad else pos.detach().requires_grad_(True)
+        n_recv = ctx.layout.n_owned if ctx.layout is not None else leaf.shape[0]
+        h = torch.ones(leaf.shape[0], 1, dtype=leaf.dtype)
+        for layer in self.layers:
+            h = layer(h, leaf, n_recv)
+        e_atom = h[:, 0] ** 2
+        energy = system_sum(e_atom, batch.system_index, batch.n_systems, scope=Scope.OWNED)
+        (grad,) = torch.autograd.grad(energy.sum(), leaf)
+        return {"energy": energy, "forces": -grad}

@@ -1,0 +1,167 @@
+"""DomainParallel over gloo: N ranks equal 1 rank by atom id."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from dyn_models import SoftPair, soft_pair_mpnn_spec
+
+from nvdd.core import Batch
+from nvdd.dynamics import (
+    DomainConfig,
+    DomainParallel,
+    HookScope,
+    HookStage,
+    VelocityVerlet,
+)
+from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
+
+pytestmark = pytest.mark.gloo
+
+
+def make_gas(
+    n: int = 48,
+    pbc: tuple[bool, bool, bool] = (True, True, True),
+    triclinic: bool = False,
+    seed: int = 0,
+) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    cell = torch.diag(torch.tensor([7.0, 6.0, 6.5], dtype=torch.float64))
+    if triclinic:
+        cell[1, 0], cell[2, 0], cell[2, 1] = 1.5, -1.0, 0.8
+    frac = torch.rand(n, 3, generator=g, dtype=torch.float64)
+    return Batch(
+        positions=frac @ cell,
+        atomic_numbers=torch.full((n,), 18),
+        velocities=torch.randn(n, 3, generator=g, dtype=torch.float64) * 0.02,
+        cell=cell,
+        pbc=list(pbc),
+        atom_ids=torch.randperm(n, generator=g) * 7 + 3,
+    )
+
+
+def _reference(batch: Batch, n_steps: int, model: SoftPair) -> Batch:
+    dyn = VelocityVerlet(model, batch.clone(), dt_fs=2.0)
+    dyn.run(n_steps)
+    return dyn.batch
+
+
+def _dd_run(kw: dict, n_steps: int, grid: tuple[int, int, int] | None, mpnn: bool) -> dict:
+    model = soft_pair_mpnn_spec() if mpnn else SoftPair()
+    batch = make_gas(**kw)
+    dyn = VelocityVerlet(model, batch, dt_fs=2.0)
+    config = DomainConfig(cutoff=2.5, skin=0.4, grid_dims=grid)
+    with DomainParallel(dyn, config) as dp:
+        dp.partition()
+        dp.run(n_steps)
+        out = dp.gather(0)
+        stats = dp.stats
+    if out is None:
+        return {}
+    return {
+        "ids": out.atom_ids,
+        "pos": out.positions,
+        "forces": out.forces,
+        "energy": out.energy,
+        "rebuilds": stats.rebuilds,
+    }
+
+
+def _wrapped_diff(
+    a: torch.Tensor, b: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor
+) -> torch.Tensor:
+    frac = torch.linalg.solve(cell.T, (a - b).T).T
+    frac = torch.where(pbc, frac - torch.round(frac), frac)
+    return frac @ cell
+
+
+CASES = [
+    ("periodic-slab-2", 2, {}, (2, 1, 1), False),
+    ("periodic-3d-auto-4", 4, {}, None, False),
+    ("triclinic-2x2x1", 4, {"triclinic": True}, (2, 2, 1), False),
+    ("mixed-pbc-3", 3, {"pbc": (True, False, True)}, None, False),
+    ("open-2", 2, {"pbc": (False, False, False)}, None, False),
+    ("mpnn-spec-3", 3, {"triclinic": True}, None, True),
+]
+
+
+@pytest.mark.parametrize(("name", "world", "kw", "grid", "mpnn"), CASES, ids=[c[0] for c in CASES])
+def test_nve_trajectory_equals_single_process_by_id(
+    name: str, world: int, kw: dict, grid: tuple[int, int, int] | None, mpnn: bool
+) -> None:
+    n_steps = 25
+    got = run_ranks(_dd_run, world, kw, n_steps, grid, mpnn, timeout_s=300)[0]
+    model = soft_pair_mpnn_spec() if mpnn else SoftPair()
+    ref = _reference(make_gas(**kw), n_steps, model)
+    assert_same_ids(got["ids"], ref.atom_ids)
+    order = torch.argsort(ref.atom_ids)
+    diff = _wrapped_diff(got["pos"], ref.positions[order], ref.cell[0], ref.pbc[0])
+    assert float(diff.abs().max()) < 1e-8, float(diff.abs().max())
+    assert_close_by_id(
+        got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
+    )
+    torch.testing.assert_close(got["energy"], ref.energy, rtol=0, atol=1e-10)
+    assert got["rebuilds"] >= 1
+
+
+def _steady_state_counts() -> tuple[dict, dict, int]:
+    batch = make_gas(n=40)
+    dyn = VelocityVerlet(SoftPair(), batch, dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0)) as dp:
+        dp.partition()
+        dp.run(2)
+        rebuilds = dp.stats.rebuilds
+        dp.step()
+        quiet = dict(dp.stats.last_collectives)
+        assert dp.stats.rebuilds == rebuilds, "this step should not rebuild"
+        seen = []
+        dp.register_hook(
+            HookStage.AFTER_STEP,
+            lambda ctx: seen.append(float(ctx.batch.energy[0])),
+            needs=["energy"],
+        )
+        dp.step()
+        return quiet, dict(dp.stats.last_collectives), len(seen)
+
+
+def test_steady_state_step_costs_two_all_to_all_and_one_small_all_reduce() -> None:
+    quiet, _, seen = run_ranks(_steady_state_counts, 2, timeout_s=120)[0]
+    assert quiet == {"all_reduce": 1, "all_to_all_single": 2}
+    assert seen == 1
+
+
+def _hooks_scopes() -> dict:
+    batch = make_gas(n=30)
+    dyn = VelocityVerlet(SoftPair(), batch, dt_fs=1.0)
+    log: dict = {"local": [], "global": [], "zero": []}
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.3)) as dp:
+        dp.register_hook(HookStage.AFTER_STEP, lambda c: log["local"].append(c.batch.n_atoms))
+        dp.register_hook(
+            HookStage.AFTER_STEP,
+            lambda c: log["global"].append((c.batch.n_atoms, float(c.batch.energy[0]))),
+            scope=HookScope.GLOBAL,
+            every=2,
+        )
+        dp.register_hook(
+            HookStage.AFTER_STEP,
+            lambda c: log["zero"].append(c.step),
+            scope=HookScope.RANK_ZERO,
+            every=3,
+        )
+        dp.partition()
+        dp.run(6)
+    log["rank"] = dist.get_rank()
+    return log
+
+
+def test_hook_scopes_local_global_rank_zero() -> None:
+    logs = run_ranks(_hooks_scopes, 2, timeout_s=120)
+    ref = _reference(make_gas(n=30), 0, SoftPair())
+    for log in logs:
+        assert len(log["local"]) == 6
+        assert [n for n, _ in log["global"]] == [30, 30, 30]
+    assert sum(a + b for a, b in zip(logs[0]["local"], logs[1]["local"], strict=True)) == 6 * 30
+    assert logs[0]["global"] == logs[1]["global"]
+    assert logs[0]["zero"] == [3, 6] and logs[1]["zero"] == []
+    assert ref.n_atoms == 30

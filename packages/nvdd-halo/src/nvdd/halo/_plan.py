@@ -1,0 +1,459 @@
+"""`HaloPlan` and `build_halo_plan`: explicit-image ghosts and their exchanges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from nvdd.core import (
+    CapacityOverflowError,
+    ConfigurationError,
+    ValidationError,
+    comm_device,
+    get_rank,
+    get_world_size,
+    raise_if_any_rank,
+)
+from nvdd.halo import _exchange
+from nvdd.halo._config import ParticleHaloConfig
+from nvdd.halo._exchange import Route
+from nvdd.halo._kernels import META_ID, META_IMAGE, META_ROW, META_SYSTEM, META_WIDTH
+from nvdd.halo._select import Failure, SelectBackend, check_plan_inputs, select_ghosts
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["HaloPlan", "build_halo_plan"]
+
+
+class HaloPlan:
+    """Which rows every rank sends where, with which periodic image; and the exchanges.
+
+    Built by :func:`build_halo_plan`; reused until the next rebuild. The padded
+    layout of every per-atom tensor on this rank is ``[owned | ghost]``: rows
+    ``[0, n_owned)`` are this rank's atoms, rows ``[n_owned, n_padded)`` are
+    ghost copies (explicit periodic images, LAMMPS-style), so a model can run
+    with open boundaries on the padded rows.
+
+    Attributes
+    ----------
+    n_owned, n_ghost, n_padded:
+        Row counts of the owned block, the ghost block and both.
+    ghost_atom_ids:
+        int64, shape ``(n_ghost,)``: global id of every ghost's atom.
+    ghost_owner_rank, ghost_owner_row:
+        int64, shape ``(n_ghost,)``: the rank owning the atom and its owned row
+        there.
+    ghost_image:
+        int64, shape ``(n_ghost, 3)``: the periodic image ``n`` of the ghost,
+        whose position is ``owner position + n @ cell`` (non-zero only on
+        periodic axes).
+    ghost_system_index:
+        int64, shape ``(n_ghost,)``: system of every ghost.
+    group:
+        The process group of the plan.
+
+    Notes
+    -----
+    Ghost rows are ordered by source rank, then source row, then image
+    (lexicographic). Split sizes were exchanged once at build time; every
+    exchange is one ``all_to_all_single``. The exchange methods are
+    **Collective** over ``group``: every rank of the group calls the same method
+    with the same trailing shapes and dtypes. Their input checks are local unless
+    the config asked for ``sync_checks``.
+    """
+
+    def __init__(
+        self,
+        route: Route,
+        *,
+        rank: int,
+        ghost_atom_ids: torch.Tensor,
+        ghost_owner_rank: torch.Tensor,
+        ghost_owner_row: torch.Tensor,
+        ghost_image: torch.Tensor,
+        ghost_system_index: torch.Tensor,
+        n_systems: int,
+        sync_checks: bool = False,
+    ) -> None:
+        self._route = route
+        self.rank = rank
+        self.ghost_atom_ids = ghost_atom_ids
+        self.ghost_owner_rank = ghost_owner_rank
+        self.ghost_owner_row = ghost_owner_row
+        self.ghost_image = ghost_image
+        self.ghost_system_index = ghost_system_index
+        self.n_systems = n_systems
+        self.sync_checks = sync_checks
+        self._images: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"HaloPlan(rank={self.rank}, world_size={self.world_size}, n_owned={self.n_owned}, "
+            f"n_ghost={self.n_ghost}, send_counts={self.send_counts})"
+        )
+
+    # -- sizes ----------------------------------------------------------------
+    @property
+    def n_owned(self) -> int:
+        """Rows of the owned block."""
+        return self._route.n_owned
+
+    @property
+    def n_ghost(self) -> int:
+        """Rows of the ghost block."""
+        return self._route.n_ghost
+
+    @property
+    def n_padded(self) -> int:
+        """``n_owned + n_ghost``."""
+        return self._route.n_owned + self._route.n_ghost
+
+    @property
+    def group(self) -> ProcessGroup | None:
+        """The process group (``None``: the default group)."""
+        return self._route.group
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return self._route.world_size
+
+    @property
+    def send_counts(self) -> tuple[int, ...]:
+        """Rows this rank sends to every rank in a forward exchange."""
+        return tuple(self._route.send_counts)
+
+    @property
+    def recv_counts(self) -> tuple[int, ...]:
+        """Ghost rows this rank receives from every rank."""
+        return tuple(self._route.recv_counts)
+
+    @property
+    def send_index(self) -> torch.Tensor:
+        """int64, shape ``(n_send,)``: owned row of every row sent, by destination."""
+        return self._route.send_index
+
+    # -- checks ---------------------------------------------------------------
+    def _rows_check(self, name: str, x: object, rows: int, what: str) -> str | None:
+        if not isinstance(x, torch.Tensor):
+            return f"{name} must be a torch.Tensor, got {type(x).__name__}"
+        if x.ndim < 1 or int(x.shape[0]) != rows:
+            return f"{name} has shape {tuple(x.shape)}, expected first dimension {rows} ({what})"
+        return None
+
+    def _raise(self, message: str | None) -> None:
+        if self.sync_checks:
+            raise_if_any_rank(message, self.group)
+        elif message is not None:
+            raise ValidationError(f"rank {self.rank}: {message}")
+
+    # -- exchanges ------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Owned rows -> ghost rows: every ghost gets its owner row's value.
+
+        **Collective** over ``group``. Differentiable; its backward is
+        :meth:`reverse`.
+
+        Parameters
+        ----------
+        x:
+            Shape ``(n_owned, *f)``, any dtype.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(n_ghost, *f)``, on ``x``'s device.
+        """
+        self._raise(self._rows_check("forward input", x, self.n_owned, "n_owned"))
+        return _exchange.forward_exchange(self._route, x)
+
+    def forward_many(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`forward` of several fields in one packed buffer and one collective.
+
+        **Collective** over ``group``. Fields may differ in dtype and trailing
+        shape; they must share a device. Differentiable for floating fields.
+
+        Parameters
+        ----------
+        xs:
+            Tensors of shape ``(n_owned, *f_k)``.
+
+        Returns
+        -------
+        list of torch.Tensor
+            Shapes ``(n_ghost, *f_k)``.
+        """
+        msg = None
+        for k, x in enumerate(xs):
+            msg = msg or self._rows_check(f"forward_many input {k}", x, self.n_owned, "n_owned")
+        if msg is None and len({x.device for x in xs}) > 1:
+            msg = f"forward_many inputs are on several devices: {[str(x.device) for x in xs]}"
+        self._raise(msg)
+        return _exchange.forward_many(self._route, list(xs)) if xs else []
+
+    def reverse(self, g: torch.Tensor) -> torch.Tensor:
+        """Ghost rows -> owner rows: every ghost row is summed into its owner row.
+
+        **Collective** over ``group``. The exact adjoint of :meth:`forward`
+        (``<forward(x), y> == <x, reverse(y)>`` summed over ranks) and its
+        autograd backward. The sum order is fixed (deterministic).
+
+        Parameters
+        ----------
+        g:
+            Shape ``(n_ghost, *f)``.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(n_owned, *f)``: zeros where an owned row has no ghost.
+        """
+        self._raise(self._rows_check("reverse input", g, self.n_ghost, "n_ghost"))
+        return _exchange.reverse_exchange(self._route, g)
+
+    def reverse_many(self, gs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`reverse` of several fields in one packed buffer and one collective.
+
+        **Collective** over ``group``. Differentiable.
+        """
+        msg = None
+        for k, g in enumerate(gs):
+            msg = msg or self._rows_check(f"reverse_many input {k}", g, self.n_ghost, "n_ghost")
+        self._raise(msg)
+        return _exchange.reverse_many(self._route, list(gs)) if gs else []
+
+    def ghost_image_as(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """``ghost_image`` converted to ``dtype`` on ``device`` (cached)."""
+        key = (dtype, device)
+        if key not in self._images:
+            self._images[key] = self.ghost_image.to(device=device, dtype=dtype)
+        return self._images[key]
+
+    def ghost_positions(self, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        """Positions of the ghosts: owner position + ``ghost_image @ cell``.
+
+        **Collective** over ``group``. The image shift is recomputed from the
+        current ``cell``, so a changing cell needs no rebuild. Differentiable
+        with respect to ``positions`` and ``cell``.
+
+        Parameters
+        ----------
+        positions:
+            Owned positions, shape ``(n_owned, 3)``.
+        cell:
+            Shape ``(n_systems, 3, 3)``, rows are lattice vectors.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(n_ghost, 3)``.
+        """
+        msg = self._rows_check("positions", positions, self.n_owned, "n_owned")
+        if msg is None and (
+            not isinstance(cell, torch.Tensor) or tuple(cell.shape) != (self.n_systems, 3, 3)
+        ):
+            shape = tuple(cell.shape) if isinstance(cell, torch.Tensor) else type(cell).__name__
+            msg = f"cell has shape {shape}, expected ({self.n_systems}, 3, 3)"
+        self._raise(msg)
+        ghosts = self.forward(positions)
+        image = self.ghost_image_as(cell.dtype, cell.device)
+        if self.n_systems == 1:
+            shift = image @ cell[0]
+        else:
+            sys_idx = self.ghost_system_index.to(cell.device)
+            shift = torch.bmm(image.unsqueeze(1), cell[sys_idx]).squeeze(1)
+        return ghosts + shift.to(ghosts.dtype)
+
+    # -- the halo-layout protocol of nvdd-shardtensor ---------------------------
+    def owned(self, x_padded: torch.Tensor) -> torch.Tensor:
+        """The owned rows ``x_padded[:n_owned]`` (a view)."""
+        return x_padded[: self.n_owned]
+
+    def pad(self, x_owned: torch.Tensor) -> torch.Tensor:
+        """``cat([x_owned, forward(x_owned)])``, shape ``(n_padded, *f)``. **Collective**."""
+        return torch.cat([x_owned, self.forward(x_owned)])
+
+    def refresh(self, x_padded: torch.Tensor) -> torch.Tensor:
+        """Fresh ghost rows from the owned rows; the input's ghost rows are ignored.
+
+        **Collective** over ``group``. Autograd-aware.
+
+        Parameters
+        ----------
+        x_padded:
+            Shape ``(n_padded, *f)``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``cat([x[:n_owned], forward(x[:n_owned])])``.
+        """
+        self._raise(self._rows_check("refresh input", x_padded, self.n_padded, "n_padded"))
+        return self.pad(self.owned(x_padded))
+
+    def fold(self, x_padded: torch.Tensor) -> torch.Tensor:
+        """Sum ghost rows into their owners, then refresh the ghosts.
+
+        **Collective** over ``group`` (two exchanges). Autograd-aware.
+
+        Parameters
+        ----------
+        x_padded:
+            Shape ``(n_padded, *f)``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``cat([owned, forward(owned)])`` with
+            ``owned = x[:n_owned] + reverse(x[n_owned:])``.
+        """
+        self._raise(self._rows_check("fold input", x_padded, self.n_padded, "n_padded"))
+        owned = self.owned(x_padded) + self.reverse(x_padded[self.n_owned :])
+        return self.pad(owned)
+
+
+def _header_exchange(
+    send_counts: torch.Tensor, failure: Failure, group: ProcessGroup | None, world: int
+) -> tuple[torch.Tensor, Failure]:
+    """One all_to_all of ``[rows for you, my failure kind]``; every rank learns
+    every rank's failure kind in the same collective that carries the counts."""
+    header = torch.stack([send_counts, torch.full_like(send_counts, int(failure))], dim=1)
+    if world == 1:
+        return header[:, 0].clone(), failure
+    dev = comm_device(group)
+    received = torch.empty(world, 2, dtype=torch.int64, device=dev)
+    dist.all_to_all_single(received, header.to(dev), group=group)
+    received = received.cpu()
+    return received[:, 0].contiguous(), Failure(int(received[:, 1].max()))
+
+
+def build_halo_plan(
+    config: ParticleHaloConfig,
+    positions: torch.Tensor,
+    atom_ids: torch.Tensor,
+    system_index: torch.Tensor,
+    cell: torch.Tensor,
+    *,
+    backend: SelectBackend | str = SelectBackend.WARP,
+    sync_checks: bool = False,
+) -> HaloPlan:
+    """Build the halo plan of this rank's owned atoms.
+
+    **Collective** over ``config.group``: every rank calls it once per rebuild.
+    Two ``all_to_all_single`` calls: a header (ghost-row counts per peer plus a
+    failure flag, so bad input on any rank raises on every rank with no extra
+    collective) and the ghost metadata (owner row, image, atom id, system).
+
+    For every owned atom and every rank whose box, expanded by the fractional
+    ghost width of each axis, contains a periodic image of the atom (image
+    offsets only on periodic axes), that rank receives one ghost row per image,
+    including this rank's own atoms across periodic faces, but never the image
+    ``n = 0`` to this rank (that is the owned row). Any ``ghost_width`` works:
+    ranks beyond the adjacent ones and several images per axis are included.
+
+    Parameters
+    ----------
+    config:
+        The boxes, pbc, ghost width and group (same on every rank).
+    positions:
+        float32/64, shape ``(n_owned, 3)``: this rank's owned atoms. They need
+        not be wrapped: images are relative to the positions as given, and
+        :meth:`HaloPlan.ghost_positions` applies the same images later. (At a
+        rebuild the partitioner wraps and migrates, so owned atoms lie in their
+        own box; an atom outside it is still ghosted correctly.)
+    atom_ids:
+        int64, shape ``(n_owned,)``: global ids.
+    system_index:
+        int64, shape ``(n_owned,)``: system of every atom.
+    cell:
+        Shape ``(n_systems, 3, 3)``, positions' dtype and device, rows are
+        lattice vectors, non-singular on all three axes (the partitioner
+        supplies a synthetic vector on open axes; image shifts there are zero).
+    backend:
+        ``"warp"`` (default) or ``"torch"``: implementation of the selection
+        kernels (same results).
+    sync_checks:
+        When True, every exchange of the plan first all-reduces its input check,
+        so a malformed input on one rank raises on every rank (one more small
+        collective per call). Off by default: exchange inputs are shaped by code
+        that runs the same on every rank.
+
+    Returns
+    -------
+    HaloPlan
+
+    Raises
+    ------
+    ConfigurationError
+        Locally, when the config's world size is not the group's.
+    ValidationError
+        On every rank together, for malformed inputs, non-finite positions or a
+        singular cell on any rank (the message names the rank and the value).
+    CapacityOverflowError
+        On every rank together, when a rank's ghost rows exceed
+        ``config.max_ghost_rows`` or the indexing limits.
+    """
+    group = config.group
+    world, rank = get_world_size(group), get_rank(group)
+    if world != config.world_size:
+        raise ConfigurationError(
+            f"rank {rank}: config has boxes for {config.world_size} ranks, the group has {world}"
+        )
+    backend = SelectBackend(backend)
+    message = check_plan_inputs(config, positions, atom_ids, system_index, cell)
+    failure = Failure.INVALID if message is not None else Failure.NONE
+    selection = None
+    if message is None:
+        selection, failure, message = select_ghosts(
+            config, positions, atom_ids, system_index, cell, rank, backend
+        )
+    send_counts = selection.send_counts if selection is not None else torch.zeros(world).long()
+    recv_counts, worst = _header_exchange(send_counts, failure, group, world)
+    if worst is not Failure.NONE or selection is None:
+        exc = CapacityOverflowError if worst is Failure.CAPACITY else ValidationError
+        raise_if_any_rank(message, group, exc_type=exc)
+        raise exc(f"rank {rank}: halo plan failed")  # pragma: no cover - raised above
+    limit = config.max_ghost_rows
+    if limit is not None and world > 1:
+        n_recv = int(recv_counts.sum())
+        over = f"{n_recv} ghost rows to receive exceed max_ghost_rows = {limit}"
+        raise_if_any_rank(over if n_recv > limit else None, group, exc_type=CapacityOverflowError)
+
+    dev = positions.device
+    meta = selection.meta
+    send_list, recv_list = send_counts.tolist(), recv_counts.tolist()
+    if world == 1:
+        recv = meta
+    else:
+        cdev = comm_device(group)
+        recv = torch.empty(sum(recv_list), META_WIDTH, dtype=torch.int64, device=cdev)
+        dist.all_to_all_single(recv, meta.to(cdev), recv_list, send_list, group=group)
+        recv = recv.to(dev)
+    owner_rank = torch.repeat_interleave(
+        torch.arange(world, dtype=torch.int64), torch.as_tensor(recv_list, dtype=torch.int64)
+    ).to(dev)
+    route = Route(
+        send_index=meta[:, META_ROW].contiguous(),
+        send_counts=send_list,
+        recv_counts=recv_list,
+        n_owned=int(positions.shape[0]),
+        n_ghost=int(recv.shape[0]),
+        group=group,
+        world_size=world,
+        comm_device=comm_device(group),
+    )
+    return HaloPlan(
+        route,
+        rank=rank,
+        ghost_atom_ids=recv[:, META_ID].contiguous(),
+        ghost_owner_rank=owner_rank,
+        ghost_owner_row=recv[:, META_ROW].contiguous(),
+        ghost_image=recv[:, META_IMAGE : META_IMAGE + 3].contiguous(),
+        ghost_system_index=recv[:, META_SYSTEM].contiguous(),
+        n_systems=config.n_systems,
+        sync_checks=sync_checks,
+    )

@@ -1,0 +1,257 @@
+"""Ghost selection on one rank: which owned rows go to which rank, with which image.
+
+Local work only (no collective): geometry of the expanded boxes, candidate
+ranks, then the count / prefix-sum / fill kernels. Problems are returned as
+messages so that the caller can share them with every rank before raising.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from nvdd.halo import _kernels, _reference
+from nvdd.halo._config import ParticleHaloConfig
+
+__all__ = [
+    "Failure",
+    "SelectBackend",
+    "Selection",
+    "check_plan_inputs",
+    "expanded_boxes",
+    "fractional_widths",
+    "select_ghosts",
+]
+
+#: A cell is singular when |det| <= this * |a| |b| |c|.
+_SINGULAR_RTOL = 1e-10
+#: Margin (fractional units) that makes the candidate-rank pruning conservative.
+_CANDIDATE_MARGIN = 1e-4
+
+
+class Failure(enum.IntEnum):
+    """Kind of a local failure, ordered by precedence when ranks disagree."""
+
+    NONE = 0
+    INVALID = 1
+    CAPACITY = 2
+
+
+class SelectBackend(enum.Enum):
+    """Implementation of the selection kernels."""
+
+    WARP = "warp"
+    TORCH = "torch"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one rank sends.
+
+    Attributes
+    ----------
+    meta:
+        int64, shape ``(n_send, 6)``: ``[row, n0, n1, n2, atom_id, system]`` per
+        ghost row, grouped by destination rank (ascending), then row, then image.
+    send_counts:
+        int64 on CPU, shape ``(world_size,)``: rows for each destination.
+    """
+
+    meta: torch.Tensor
+    send_counts: torch.Tensor
+
+
+def fractional_widths(cell: torch.Tensor, ghost_width: float) -> torch.Tensor:
+    """Ghost width per cell axis in fractional units, shape ``(n_systems, 3)``.
+
+    Along axis ``a`` it is ``ghost_width / d_a`` with ``d_a`` the spacing of the
+    lattice planes spanned by the other two vectors; ``1 / d_a`` is the norm of
+    column ``a`` of ``inv(cell)`` (the reciprocal vector), which makes the
+    expanded box right for triclinic cells.
+    """
+    inv = torch.linalg.inv(cell.to(torch.float64))
+    norms: torch.Tensor = torch.linalg.vector_norm(inv, dim=1)
+    return ghost_width * norms
+
+
+def expanded_boxes(
+    config: ParticleHaloConfig, cell: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes grown by the fractional ghost width: ``lo - w``, ``hi + w``.
+
+    Returns float64 CPU tensors of shape ``(n_systems, world_size, 3)``.
+    """
+    w = fractional_widths(cell.detach().cpu(), config.ghost_width)[:, None, :]
+    return config.boxes[:, :, 0, :] - w, config.boxes[:, :, 1, :] + w
+
+
+def check_plan_inputs(
+    config: ParticleHaloConfig,
+    positions: object,
+    atom_ids: object,
+    system_index: object,
+    cell: object,
+) -> str | None:
+    """What is wrong with this rank's plan inputs (None when nothing is)."""
+    if not isinstance(positions, torch.Tensor):
+        return f"positions must be a torch.Tensor, got {type(positions).__name__}"
+    if positions.dtype not in (torch.float32, torch.float64):
+        return f"positions has dtype {positions.dtype}, expected float32 or float64"
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        return f"positions has shape {tuple(positions.shape)}, expected (n_owned, 3)"
+    n, dev, s = int(positions.shape[0]), positions.device, config.n_systems
+    for name, t in (("atom_ids", atom_ids), ("system_index", system_index)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or tuple(t.shape) != (n,):
+            what = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t)
+            return f"{name} is {what}, expected int64 of shape ({n},)"
+        if t.device != dev:
+            return f"{name} is on {t.device}, positions on {dev}"
+    if not isinstance(cell, torch.Tensor) or tuple(cell.shape) != (s, 3, 3):
+        shape = tuple(cell.shape) if isinstance(cell, torch.Tensor) else type(cell).__name__
+        return f"cell has shape {shape}, expected ({s}, 3, 3) (n_systems of the config)"
+    if cell.dtype != positions.dtype or cell.device != dev:
+        return f"cell is {cell.dtype} on {cell.device}, positions {positions.dtype} on {dev}"
+    system_index = cast(torch.Tensor, system_index)  # checked above
+    if n and bool(((system_index < 0) | (system_index >= s)).any()):
+        bad = system_index[(system_index < 0) | (system_index >= s)][0]
+        return f"system_index holds {int(bad)}, expected values in [0, {s})"
+    c = cell.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(c).all()):
+        return f"cell is not finite: {c.tolist()}"
+    det = torch.linalg.det(c).abs()
+    scale = torch.linalg.vector_norm(c, dim=2).prod(dim=1)
+    singular = det <= _SINGULAR_RTOL * scale
+    if bool(singular.any()):
+        k = int(singular.nonzero()[0, 0])
+        return (
+            f"cell of system {k} is singular (|det| = {float(det[k]):.3e}): {c[k].tolist()}; "
+            f"the halo needs three independent vectors (a synthetic one on open axes)"
+        )
+    return None
+
+
+def _candidates(
+    frac: torch.Tensor,
+    system: torch.Tensor,
+    elo: torch.Tensor,
+    ehi: torch.Tensor,
+    pbc: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ranks whose expanded box may hold an image of some owned atom.
+
+    A conservative test on the bounding box of the owned atoms of every system
+    (the kernels then test every atom exactly). Returns ``cand_rank`` (int64,
+    ascending, shape ``(n_cand,)``) and ``cand_ok`` (bool, ``(n_systems, n_cand)``)
+    on the CPU.
+    """
+    n_sys = int(elo.shape[0])
+    f = frac.detach()
+    if n_sys == 1 and f.shape[0] > 0:
+        bb_lo, bb_hi = (t.reshape(1, 1, 3) for t in torch.aminmax(f, dim=0))
+    else:
+        idx = system[:, None].expand(-1, 3)
+        bb_lo = torch.full((n_sys, 3), torch.inf, dtype=f.dtype, device=f.device)
+        bb_hi = torch.full((n_sys, 3), -torch.inf, dtype=f.dtype, device=f.device)
+        bb_lo = bb_lo.scatter_reduce(0, idx, f, "amin")[:, None, :]
+        bb_hi = bb_hi.scatter_reduce(0, idx, f, "amax")[:, None, :]
+    bb_lo, bb_hi = bb_lo.to("cpu", torch.float64), bb_hi.to("cpu", torch.float64)
+    eps = _CANDIDATE_MARGIN
+    with torch.no_grad():
+        first = torch.ceil(elo - bb_hi - eps)
+        last = torch.floor(ehi - bb_lo + eps)
+        periodic_ok = first <= last
+        open_ok = (bb_lo - eps < ehi) & (bb_hi + eps >= elo)
+        ok = torch.where(pbc[:, None, :], periodic_ok, open_ok).all(dim=2)  # (n_sys, world)
+    ranks = ok.any(dim=0).nonzero().flatten()
+    return ranks, ok[:, ranks]
+
+
+def _functions(backend: SelectBackend) -> tuple[Callable[..., Any], ...]:
+    if backend is SelectBackend.WARP:
+        return _kernels.compute_fractional, _kernels.count_images, _kernels.fill_images
+    return (
+        _reference.compute_fractional_torch,
+        _reference.count_images_torch,
+        _reference.fill_images_torch,
+    )
+
+
+def select_ghosts(
+    config: ParticleHaloConfig,
+    positions: torch.Tensor,
+    atom_ids: torch.Tensor,
+    system_index: torch.Tensor,
+    cell: torch.Tensor,
+    rank: int,
+    backend: SelectBackend = SelectBackend.WARP,
+) -> tuple[Selection | None, Failure, str | None]:
+    """Every (owned row, destination rank, image) of this rank's ghosts.
+
+    Inputs must have passed :func:`check_plan_inputs`. Returns the selection,
+    or ``None`` with a failure kind and a message (non-finite positions, a
+    count past a limit). Local: no collective.
+    """
+    dev, dt = positions.device, positions.dtype
+    world = config.world_size
+    compute_fractional, count_images, fill_images = _functions(backend)
+    pos = positions.detach().contiguous()
+    system = system_index.contiguous()
+    inv_cell = torch.linalg.inv(cell.detach().to(torch.float64)).to(dt).contiguous()
+    frac, bad = compute_fractional(pos, system, inv_cell)
+    if bool(bad.any()):
+        row = int((~torch.isfinite(pos)).any(dim=1).nonzero()[0, 0])
+        return None, Failure.INVALID, f"positions[{row}] = {pos[row].tolist()} is not finite"
+
+    elo64, ehi64 = expanded_boxes(config, cell)
+    cand_rank, cand_ok = _candidates(frac, system, elo64, ehi64, config.pbc)
+    n_cand, n = int(cand_rank.numel()), int(pos.shape[0])
+    send_counts = torch.zeros(world, dtype=torch.int64)
+    empty = torch.empty(0, _kernels.META_WIDTH, dtype=torch.int64, device=dev)
+    if n_cand == 0 or n == 0:
+        return Selection(empty, send_counts), Failure.NONE, None
+
+    args = (
+        frac,
+        system,
+        cand_rank.to(dev, torch.int32),
+        cand_ok.to(dev, torch.int32).contiguous(),
+        elo64.to(dev, dt).contiguous(),
+        ehi64.to(dev, dt).contiguous(),
+        config.pbc.to(dev, torch.int32).contiguous(),
+    )
+    counts, overflow = count_images(*args, rank)
+    flat = counts.reshape(-1).to(torch.int64)
+    offsets = (torch.cumsum(flat, 0) - flat).reshape(counts.shape)
+    per_cand = counts.to(torch.int64).sum(dim=1).cpu()
+    total = int(per_cand.sum())
+    limit = config.max_ghost_rows
+    if bool(overflow.any()) or total > _kernels._COUNT_LIMIT:
+        return (
+            None,
+            Failure.CAPACITY,
+            (
+                f"ghost_width {config.ghost_width} needs more periodic images than the limits allow "
+                f"(over {_kernels.MAX_IMAGE_SPAN} per axis or {_kernels._COUNT_LIMIT} rows; "
+                f"{total} rows counted before the overflow)"
+            ),
+        )
+    if limit is not None and total > limit:
+        return (
+            None,
+            Failure.CAPACITY,
+            (
+                f"{total} ghost rows to send exceed max_ghost_rows = {limit} "
+                f"({n} owned atoms, ghost_width {config.ghost_width})"
+            ),
+        )
+    meta, fill_overflow = fill_images(
+        args[0], args[1], atom_ids.contiguous(), *args[2:], rank, offsets, total
+    )
+    if bool(fill_overflow.any()):  # pragma: no cover - count and fill disagree: a bug
+        return None, Failure.CAPACITY, f"fill pass overflowed its {total} counted rows"
+    send_counts[cand_rank] = per_cand
+    return Selection(meta, send_counts), Failure.NONE, None

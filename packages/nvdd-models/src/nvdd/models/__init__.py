@@ -1,0 +1,28 @@
+"""nvdd.models: neighbour lists and models that run unchanged under domain decomposition.
+
+- :class:`NeighborList` / :class:`VerletList`: full COO edge lists with integer
+  image shifts (periodic, open and mixed boundaries, several systems per batch),
+  searched by vesin; the Verlet list keeps a skin and rebuilds only when needed.
+- :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces.
+- :class:`ReferenceMPNN`: a small deterministic message-passing network.
+"""
+
+from nvdd.models.__about__ import __version__
+from nvdd.models._lj import LennardJones
+from nvdd.models._lj_config import ForceMode, LJConfig, MixingRule
+from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
+from nvdd.models._neighbors import EdgeList, NeighborList
+from nvdd.models._verlet import VerletList
+
+__all__ = [
+    "EdgeList",
+    "ForceMode",
+    "LJConfig",
+    "LennardJones",
+    "MPNNConfig",
+    "MixingRule",
+    "NeighborList",
+    "ReferenceMPNN",
+    "VerletList",
+    "__version__",
+]

@@ -1,0 +1,207 @@
+"""The models' wiring to domain decomposition (DD): rows, input checks, specs.
+
+Under a live DD context (``current_dd_context().layout is not None``) a model's
+``forward`` runs on one rank's ``[owned | ghost]`` rows, as the runtime
+(``nvdd.dynamics.DistributedModel``) builds them: ghosts are explicit periodic
+images, so the batch has open boundaries (``pbc`` all False) and the real cell.
+Then:
+
+- edges are kept only for owned receivers (``n_receivers = layout.n_owned``), so
+  every global directed edge lives on exactly one rank;
+- only owned rows' energies count (``system_sum``, owned rows);
+- input problems are shared with every rank before anything is raised
+  (:func:`nvdd.core.raise_if_any_rank`), so a bad batch on one rank cannot
+  leave the others waiting in a collective.
+
+That last check is a collective, so it runs once per halo topology (a new
+layout object or a new ``topology_version``: the rows only change then), not on
+every step: a steady-state step pays no extra all-reduce for it. Between
+topologies only host-side shape checks run, raised locally (they can only fail
+if the caller changed the rows without a new topology, which the runtime never
+does). Outside a DD context (the inert context) nothing here communicates and
+the models behave exactly as single-process models.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch, ValidationError, raise_if_any_rank
+from nvdd.models._checks import check_geometry, check_system_index, config_error, fail
+from nvdd.shardtensor import DDContext, Scope, current_dd_context
+from nvdd.spec import MLIPSpec, Reduce, StrategyKind
+
+__all__ = ["InputGate", "energy_scope", "halo_spec", "prepare_rows"]
+
+#: Returns the first problem found (a message without the rank), or None.
+Check = Callable[[], str | None]
+
+
+def energy_scope(spec: MLIPSpec) -> Scope:
+    """The ``system_sum`` scope that makes a model's energy match its spec.
+
+    ``Reduce.ALL_REDUCE`` (a per-rank partial, summed by the runtime on demand):
+    ``Scope.LOCAL``, no collective in the forward. Otherwise (``OWNED_ONLY``: the
+    value is already global on every rank): ``Scope.OWNED``, one all-reduce with
+    an identity backward.
+    """
+    if spec.output("energy").effective_reduce() is Reduce.ALL_REDUCE:
+        return Scope.LOCAL
+    return Scope.OWNED
+
+
+def halo_spec(model: object, strategy: StrategyKind | str, spec: MLIPSpec) -> MLIPSpec:
+    """``spec`` for ``StrategyKind.HALO``; a :class:`ConfigurationError` otherwise.
+
+    ``strategy`` may be a :class:`StrategyKind` or its value (``"halo"``).
+    """
+    name = type(model).__name__
+    try:
+        kind = strategy if isinstance(strategy, StrategyKind) else StrategyKind(strategy)
+    except ValueError:
+        raise config_error(
+            f"{name}.distribution_spec: strategy must be a StrategyKind, got {strategy!r}"
+        ) from None
+    if kind is not StrategyKind.HALO:
+        raise config_error(
+            f"{name} supports StrategyKind.HALO only, got {kind}: it builds its neighbour "
+            "list on the padded [owned | ghost] rows of a spatial halo; graph partition "
+            "(an index split without ghosts) is not implemented for it yet"
+        )
+    return spec
+
+
+class InputGate:
+    """Remembers the halo topology whose inputs were already checked on every rank.
+
+    A model owns one. :meth:`is_new` tells whether a live context's layout (by
+    identity) or ``topology_version`` differs from the last one checked; every
+    rank sees a new topology at the same call (the runtime rebuilds the plan on
+    all ranks together), so the decision to run the collective check is the
+    same on every rank. :attr:`generation` counts the topologies seen; the
+    models hand it to their Verlet list so that a new plan forces a rebuild.
+    """
+
+    def __init__(self) -> None:
+        self._layout: Callable[[], Any] | None = None
+        self._version: int | None = None
+        self.generation = 0
+
+    def reset(self) -> None:
+        """Forget the last topology (the next DD call checks collectively again)."""
+        self._layout = None
+        self._version = None
+
+    def is_new(self, ctx: DDContext) -> bool:
+        """Whether ``ctx`` describes a topology not checked yet (no communication)."""
+        last = self._layout() if self._layout is not None else None
+        return last is not ctx.layout or self._version != ctx.topology_version
+
+    def accept(self, ctx: DDContext) -> None:
+        """Record ``ctx``'s topology as checked."""
+        layout = ctx.layout
+        try:
+            self._layout = weakref.ref(layout)
+        except TypeError:  # a layout without weak references: keep it alive instead
+            self._layout = lambda: layout
+        self._version = ctx.topology_version
+        self.generation += 1
+
+
+def _rows_problem(batch: Batch, n_receivers: int | None, n_owned: int, n_padded: int) -> str | None:
+    if batch.n_atoms != n_padded:
+        return (
+            f"the batch has {batch.n_atoms} rows (positions shape "
+            f"{tuple(batch.positions.shape)}) but the DD layout has n_padded={n_padded} "
+            "[owned | ghost] rows"
+        )
+    if n_receivers is not None and n_receivers != n_owned:
+        return (
+            f"n_receivers={n_receivers} differs from the DD layout's n_owned={n_owned}; "
+            "leave n_receivers=None under a DD context"
+        )
+    return None
+
+
+def _open_boundary_problem(pbc: torch.Tensor) -> str | None:
+    if bool(pbc.any()):
+        return (
+            f"batch.pbc is {pbc.tolist()} (shape {tuple(pbc.shape)}): under a DD context the "
+            "padded rows hold explicit periodic images, so the batch must have open "
+            "boundaries (pbc all False)"
+        )
+    return None
+
+
+def prepare_rows(
+    gate: InputGate,
+    batch: Batch,
+    n_receivers: int | None,
+    shape_check: Check,
+    data_check: Check,
+) -> tuple[int | None, int | None]:
+    """Check a forward's inputs and say which rows receive edges.
+
+    Parameters
+    ----------
+    gate:
+        The model's :class:`InputGate`.
+    batch:
+        The model's input.
+    n_receivers:
+        The caller's receiver bound (``None``: every row, or under DD the owned rows).
+    shape_check:
+        The model's host-side checks (dtypes): cheap, run on every call.
+    data_check:
+        The model's checks that read tensor values (species): once per topology
+        under DD, on every call otherwise.
+
+    Notes
+    -----
+    Outside DD the two checks run in that order and raise at once, and the
+    geometry is checked by the neighbour list, as in a single-process model.
+    Under DD this function also checks the geometry, the rows against the
+    layout and (once per topology) the system indices and open boundaries, so
+    that the neighbour list cannot fail on one rank only.
+
+    Returns
+    -------
+    (n_receivers, topology)
+        The receiver bound to use (``layout.n_owned`` under DD) and a token that
+        changes with the halo topology (``None`` outside DD).
+
+    Raises
+    ------
+    ValidationError
+        Outside DD: at once, naming this rank. Under DD, on a new topology: on
+        every rank of the context's group together (**Collective**: one
+        all-reduce of a flag over ``ctx.group``, every rank calls it at the same
+        forward); otherwise locally.
+    """
+    ctx = current_dd_context()
+    layout = ctx.layout
+    if layout is None:
+        fail(shape_check())
+        fail(data_check())
+        return n_receivers, None
+    message = (
+        shape_check()
+        or check_geometry(batch.positions, batch.cell, batch.pbc, batch.system_index)
+        or _rows_problem(batch, n_receivers, layout.n_owned, layout.n_padded)
+    )
+    if gate.is_new(ctx):
+        if message is None:
+            message = (
+                data_check()
+                or check_system_index(batch.system_index, batch.n_systems)
+                or _open_boundary_problem(batch.pbc)
+            )
+        raise_if_any_rank(message, ctx.group, exc_type=ValidationError)
+        gate.accept(ctx)
+    else:
+        fail(message)
+    return layout.n_owned, gate.generation

@@ -1,0 +1,357 @@
+"""`ReferenceMPNN`: a small, pure-torch message-passing potential.
+
+Architecture (hidden width ``F``, ``K`` radial features, ``L`` layers):
+
+1. ``h0 = embedding[species]``, shape ``(n_atoms, F)``.
+2. Per edge ``(i, j)``: radial features ``rbf(r_ij)`` (Bessel basis times a
+   smooth envelope, ``_radial.py``) and a filter
+   ``w = W2 silu(W1 rbf)`` (no biases: ``w -> 0`` smoothly at the cutoff).
+3. Each layer: messages ``m_ij = w_l(r_ij) * (S_l h)[j]`` gathered with
+   ``index_select`` from the senders, summed into the receivers with
+   ``index_add_``, then a residual update ``h <- h + MLP_l([h, sum_j m_ij])``.
+4. Readout: ``e_i = MLP_out(h_i) + e0[species_i]``; the system energy is the sum
+   of the counted rows' ``e_i`` (``_reduce.system_energy``).
+
+Forces are ``-dE/dx`` and the virial ``-dE/d strain`` by autograd.
+
+Domain-decomposition seam (d): per-atom tensors flow only through
+``index_select``, ``index_add_``, ``zeros_like``, ``cat`` and ``nn.Linear``, so
+a per-atom tensor subclass (a ShardTensor) sees every gather and scatter through
+``__torch_function__``; no custom or compiled op hides them.
+
+Under a live DD context (``SPEC_MPNN_HALO``) edges exist only for owned
+receivers, so after each aggregation the owned rows are exact and the ghost
+rows hold nothing; ``scatter_to_owners`` then folds the (zero) ghost partials
+into their owners and refreshes the ghost rows from them. Every row, ghost
+rows included, then updates from current values, so the ghost width stays one
+cutoff however many layers the model has. The energy is summed with
+``system_sum(..., scope=Scope.OWNED)`` (replicated on every rank, identity
+backward) and forces come from autograd with respect to the runtime's padded
+positions leaf (``autograd_target``): the backward of each fold routes the
+gradient of ghost features back to the ranks owning them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.nn.functional import silu
+
+from nvdd.core import Batch, ModelOutputs
+from nvdd.models._checks import check_positive, config_error
+from nvdd.models._dd import InputGate, energy_scope, halo_spec, prepare_rows
+from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._neighbors import EdgeList
+from nvdd.models._radial import radial_features
+from nvdd.models._species import check_species, species_table
+from nvdd.models._verlet import VerletList
+from nvdd.shardtensor import Scope, ShardTensor, scatter_to_owners
+from nvdd.spec import SPEC_MPNN_HALO, BaseModelMixin, MLIPSpec, StrategyKind
+
+__all__ = ["MPNNConfig", "ReferenceMPNN"]
+
+#: ``Scope.OWNED``: the energy of ``SPEC_MPNN_HALO`` is replicated on every rank.
+_ENERGY_SCOPE: Scope = energy_scope(SPEC_MPNN_HALO)
+
+
+@dataclass(frozen=True)
+class MPNNConfig:
+    """Hyper-parameters of :class:`ReferenceMPNN`.
+
+    Parameters
+    ----------
+    cutoff:
+        Radial cutoff (Angstrom).
+    species:
+        Atomic numbers the model knows (one embedding row each).
+    hidden:
+        Feature width ``F``.
+    n_basis:
+        Number of Bessel functions ``K``.
+    n_layers:
+        Message-passing layers ``L`` (the reference uses 2 or 3).
+    envelope_exponent:
+        ``p`` of the polynomial envelope (``>= 2``).
+    seed:
+        Seed of the deterministic initialisation.
+    skin:
+        Verlet skin of the model's neighbour cache.
+    """
+
+    cutoff: float = 5.0
+    species: tuple[int, ...] = (1, 6, 7, 8)
+    hidden: int = 32
+    n_basis: int = 8
+    n_layers: int = 2
+    envelope_exponent: int = 6
+    seed: int = 0
+    skin: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive("cutoff", self.cutoff)
+        check_positive("skin", self.skin, allow_zero=True)
+        object.__setattr__(self, "species", tuple(self.species))
+        if not self.species:
+            raise config_error("MPNNConfig.species must list at least one atomic number")
+        for name, low in (("hidden", 1), ("n_basis", 1), ("n_layers", 1), ("envelope_exponent", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise config_error(f"MPNNConfig.{name} must be an int >= {low}, got {value!r}")
+
+
+class _MessageLayer(torch.nn.Module):
+    """One round of messages and a residual update."""
+
+    def __init__(self, hidden: int, n_basis: int) -> None:
+        super().__init__()
+        self.filter_in = torch.nn.Linear(n_basis, hidden, bias=False)
+        self.filter_out = torch.nn.Linear(hidden, hidden, bias=False)
+        self.sender = torch.nn.Linear(hidden, hidden, bias=False)
+        self.update_in = torch.nn.Linear(2 * hidden, hidden)
+        self.update_out = torch.nn.Linear(hidden, hidden)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        radial: torch.Tensor,
+        receivers: torch.Tensor,
+        senders: torch.Tensor,
+    ) -> torch.Tensor:
+        """``h`` ``(n_atoms, F)``, ``radial`` ``(n_edges, K)`` -> new ``h``.
+
+        **Collective** under a live DD context (one fold of the aggregated
+        messages over the layout's group; every rank runs every layer).
+        """
+        weights = self.filter_out(silu(self.filter_in(radial)))
+        messages = weights * self.sender(h).index_select(0, senders)
+        aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
+        if not isinstance(aggregated, ShardTensor):  # a ShardTensor's scatter folded already
+            aggregated = scatter_to_owners(aggregated)
+        update: torch.Tensor = self.update_out(silu(self.update_in(torch.cat([h, aggregated], 1))))
+        return h + update
+
+
+class ReferenceMPNN(BaseModelMixin, torch.nn.Module):
+    """A deterministic reference message-passing network (energy, forces, stress).
+
+    Runs unchanged on one process and, inside a live DD context, on one rank's
+    ``[owned | ghost]`` rows (see :meth:`forward` and :meth:`distribution_spec`).
+
+    Parameters
+    ----------
+    config:
+        Hyper-parameters (cutoff, species, widths, layers, seed, skin).
+    dtype:
+        Parameter dtype (float32 or float64). Parameters are drawn in float64
+        from ``config.seed`` and then cast, so a float32 and a float64 model of
+        the same seed agree to float32 rounding.
+    device:
+        Parameter device.
+
+    Attributes
+    ----------
+    neighbors:
+        The model's :class:`VerletList`.
+    """
+
+    species_rows: torch.Tensor
+
+    def __init__(
+        self,
+        config: MPNNConfig | None = None,
+        *,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if dtype not in (torch.float32, torch.float64):
+            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._config = config = config if config is not None else MPNNConfig()
+        width, n_species = config.hidden, len(config.species)
+        self.register_buffer("species_rows", species_table(config.species))
+        self.embedding = torch.nn.Parameter(torch.empty(n_species, width, dtype=torch.float64))
+        self.layers = torch.nn.ModuleList(
+            _MessageLayer(width, config.n_basis).to(torch.float64) for _ in range(config.n_layers)
+        )
+        self.readout_in = torch.nn.Linear(width, width, dtype=torch.float64)
+        self.readout_out = torch.nn.Linear(width, 1, dtype=torch.float64)
+        self.species_energy = torch.nn.Parameter(torch.empty(n_species, dtype=torch.float64))
+        self._initialise(config.seed)
+        self.to(dtype=dtype, device=device)
+        self.neighbors = VerletList(config.cutoff, config.skin)
+        self._dd_gate = InputGate()
+
+    def _initialise(self, seed: int) -> None:
+        """Draw every parameter from one generator, in registration order."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                draw = torch.randn(param.shape, generator=gen, dtype=torch.float64)
+                if name.endswith("bias") or name == "species_energy":
+                    param.copy_(0.1 * draw)
+                elif name == "embedding":
+                    param.copy_(draw)
+                else:  # Linear weights (out, in): unit variance outputs
+                    param.copy_(draw / math.sqrt(param.shape[1]))
+
+    @property
+    def config(self) -> MPNNConfig:
+        """The configuration the model was built from."""
+        return self._config
+
+    @property
+    def cutoff(self) -> float:
+        """Radial cutoff (Angstrom)."""
+        return self._config.cutoff
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
+        return self.embedding.dtype
+
+    def extra_repr(self) -> str:
+        c = self._config
+        return (
+            f"cutoff={c.cutoff}, species={c.species}, hidden={c.hidden}, n_basis={c.n_basis}, "
+            f"n_layers={c.n_layers}, p={c.envelope_exponent}, seed={c.seed}, skin={c.skin}"
+        )
+
+    # -------------------------------------------------------- distribution
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        """``SPEC_MPNN_HALO`` for ``StrategyKind.HALO``.
+
+        Forces by autograd with respect to the padded positions (returned on
+        every padded row, folded into owners by the runtime), energy replicated
+        on every rank, virial and stress per-rank partials, atom energies exact
+        on owned rows; aggregated messages folded and ghost rows refreshed after
+        every layer.
+
+        Raises
+        ------
+        ConfigurationError
+            For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
+            that is not a strategy.
+        """
+        return halo_spec(self, strategy, SPEC_MPNN_HALO)
+
+    def distributed_setup(self, ctx: object) -> None:
+        """Forget cached neighbours and checks when a distributed scope opens."""
+        self.neighbors.reset()
+        self._dd_gate.reset()
+
+    def distributed_teardown(self) -> None:
+        """Forget cached neighbours and checks when the distributed scope closes."""
+        self.neighbors.reset()
+        self._dd_gate.reset()
+
+    # ----------------------------------------------------------------- physics
+    def atom_energies(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: EdgeList,
+    ) -> torch.Tensor:
+        """Per-atom energies, shape ``(n_atoms,)``; differentiable in positions and cell.
+
+        ``rows`` are the atoms' species rows (int64 ``(n_atoms,)``).
+        """
+        c = self._config
+        r_vec = edges.vectors(positions, cell, system_index)
+        r = torch.sqrt((r_vec * r_vec).sum(dim=1))
+        radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
+        h = self.embedding.index_select(0, rows)
+        for layer in self.layers:
+            h = layer(h, radial, edges.receivers, edges.senders)
+        energies: torch.Tensor = self.readout_out(silu(self.readout_in(h))).squeeze(1)
+        return energies + self.species_energy.index_select(0, rows)
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        n_receivers: int | None = None,
+        compute_stress: bool = True,
+        create_graph: bool = False,
+    ) -> ModelOutputs:
+        """Energy, forces, atom energies, virial and stress of every system.
+
+        Parameters
+        ----------
+        batch:
+            One or several systems; its dtype must be the model's.
+        n_receivers:
+            Domain-decomposition seams (a, b): keep only edges whose receiver is
+            one of the first ``n_receivers`` rows, and count only those rows'
+            energies (forces still come back on every row). Under a live DD
+            context it defaults to the layout's ``n_owned``.
+        compute_stress:
+            Also return ``virial`` and ``stress``, shape ``(n_systems, 3, 3)``.
+        create_graph:
+            Keep the autograd graph of the outputs (to train on forces).
+
+        Returns
+        -------
+        ModelOutputs
+            ``energy``, ``forces``, ``atom_energies`` and, with
+            ``compute_stress``, ``virial`` and ``stress``. Under a live DD
+            context: ``energy`` is the global per-system energy on every rank,
+            ``forces`` are this rank's ``-dE/dx`` on every padded row (fold
+            ghost rows into their owners), ``virial`` and ``stress`` are this
+            rank's partials (sum them over ranks), ``atom_energies`` are exact on
+            owned rows (ghost rows copy their owners').
+
+        Raises
+        ------
+        ValidationError
+            On malformed inputs, a dtype mismatch or unknown species. Under a
+            live DD context, on the first call with a new halo topology the
+            check is shared by every rank of the context's group, so all ranks
+            raise together.
+
+        Notes
+        -----
+        **Collective** under a live DD context: one fold per layer and one
+        all-reduce of the energy in the forward, one reverse fold per layer in
+        the backward, all over the context's group; every rank calls it at the
+        same point. No communication otherwise.
+        """
+        n_receivers, topology = prepare_rows(
+            self._dd_gate,
+            batch,
+            n_receivers,
+            lambda: self._dtype_problem(batch),
+            lambda: check_species(self.species_rows, batch.atomic_numbers),
+        )
+        rows = self.species_rows.index_select(0, batch.atomic_numbers)
+        edges = self.neighbors(
+            batch.positions,
+            batch.cell,
+            batch.pbc,
+            batch.system_index,
+            atom_ids=batch.atom_ids,
+            n_receivers=n_receivers,
+            topology=topology,
+        )
+        return outputs_by_autograd(
+            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
+            batch.positions,
+            batch.cell,
+            batch.system_index,
+            n_counted=n_receivers,
+            compute_stress=compute_stress,
+            create_graph=create_graph,
+            energy_scope=_ENERGY_SCOPE,
+        )
+
+    def _dtype_problem(self, batch: Batch) -> str | None:
+        if batch.dtype == self.dtype:
+            return None
+        return (
+            f"batch is {batch.dtype} but the model's parameters are {self.dtype}; "
+            f"convert one of them (model.to({batch.dtype}) or batch.to(dtype={self.dtype}))"
+        )

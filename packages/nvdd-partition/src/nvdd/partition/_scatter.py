@@ -1,0 +1,107 @@
+"""Scatter helpers of `ShardedBatch.from_batch`: what ``src`` checks and broadcasts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, NvddError, ValidationError
+from nvdd.partition._spatial import SpatialPartitioner, _State
+
+__all__ = ["ERRORS", "Header", "PartitionerSource", "build_local", "src_header"]
+
+PartitionerSource = SpatialPartitioner | Callable[[Batch], SpatialPartitioner]
+ERRORS: dict[str, type[NvddError]] = {
+    "ConfigurationError": ConfigurationError,
+    "ValidationError": ValidationError,
+}
+
+
+@dataclass(frozen=True)
+class Header:
+    """What ``src`` broadcasts before scattering (small: no per-atom data)."""
+
+    error: tuple[str, str] | None
+    state: _State | None = None
+    counts: tuple[int, ...] = ()
+    atom_specs: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] = ()
+    systems: dict[str, torch.Tensor] | None = None
+    system_extras: tuple[str, ...] = ()
+    device_type: str = "cpu"
+
+
+def src_header(
+    batch: Batch | None, partitioner: PartitionerSource | None, world: int, wrap: bool, src: int
+) -> tuple[Header, SpatialPartitioner | None, dict[str, torch.Tensor], torch.Tensor | None]:
+    """Validate on ``src``; return the header, the partitioner, the rows and destinations."""
+    try:
+        if not isinstance(batch, Batch):
+            raise ValidationError(f"from_batch needs a Batch on src, got {type(batch).__name__}")
+        batch.validate()
+        per_system = batch.atoms_per_system().tolist()
+        empty = [s for s, c in enumerate(per_system) if c == 0]
+        if empty:
+            raise ValidationError(
+                f"system(s) {empty} have no atoms (atoms per system {per_system})"
+            )
+        if partitioner is None:
+            raise ConfigurationError("from_batch needs a partitioner (or a factory) on src")
+        part = partitioner if isinstance(partitioner, SpatialPartitioner) else partitioner(batch)
+        if not isinstance(part, SpatialPartitioner):
+            raise ConfigurationError(
+                f"the partitioner factory returned {type(part).__name__}, not a SpatialPartitioner"
+            )
+        if part.world_size != world:
+            raise ConfigurationError(
+                f"the partitioner has {part.world_size} boxes per system but the mesh has "
+                f"{world} ranks"
+            )
+        if part.n_systems != batch.n_systems or not torch.equal(part.pbc, batch.pbc.cpu()):
+            raise ConfigurationError(
+                f"the partitioner was built for pbc {part.pbc.tolist()}, the batch has "
+                f"{batch.pbc.tolist()}"
+            )
+        positions = batch.positions
+        if wrap:
+            positions = part.wrap_positions(positions, batch.system_index, cell=batch.cell)
+        destination = part.owner_of(positions, batch.system_index, cell=batch.cell)
+    except Exception as exc:  # any failure on src must reach every rank, not hang them
+        name = type(exc).__name__
+        text = f"rank {src}: {exc}" if name in ERRORS else f"rank {src}: {name}: {exc}"
+        return Header(error=(name if name in ERRORS else "ValidationError", text)), None, {}, None
+    fields = batch.atom_fields()
+    fields["positions"] = positions
+    header = Header(
+        error=None,
+        state=part._s,
+        counts=tuple(torch.bincount(destination, minlength=world).tolist()),
+        atom_specs=tuple((k, v.dtype, tuple(v.shape[1:])) for k, v in fields.items()),
+        systems={k: v.detach().cpu() for k, v in batch.system_fields().items()},
+        system_extras=tuple(batch.system_extras),
+        device_type=batch.device.type,
+    )
+    return header, part, fields, destination
+
+
+def build_local(
+    rows: dict[str, torch.Tensor], systems: dict[str, torch.Tensor], system_extras: tuple[str, ...]
+) -> Batch:
+    core = {k: rows[k] for k in ("masses", "velocities", "forces", "system_index", "atom_ids")}
+    return Batch(
+        rows["positions"],
+        rows["atomic_numbers"],
+        cell=systems["cell"],
+        pbc=systems["pbc"],
+        energy=systems["energy"],
+        stress=systems["stress"],
+        atom_extras={
+            k: v
+            for k, v in rows.items()
+            if k not in core and k not in ("positions", "atomic_numbers")
+        },
+        system_extras={k: systems[k] for k in system_extras},
+        validate=False,
+        **core,
+    )

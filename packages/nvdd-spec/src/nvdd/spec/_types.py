@@ -1,0 +1,257 @@
+"""The vocabulary of a distribution spec: enums and small frozen records."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any
+
+from nvdd.core import ConfigurationError
+
+__all__ = [
+    "CompilePolicy",
+    "ForceStrategy",
+    "GlobalCoupling",
+    "OutputKind",
+    "OutputSpec",
+    "Reduce",
+    "ScatterMode",
+    "StrategyKind",
+    "StrategyOptions",
+]
+
+
+class StrategyKind(enum.Enum):
+    """Which parallelisation strategy a distributed scope runs under.
+
+    ``HALO``: spatial domain decomposition; each rank owns the atoms of its box and
+    holds ghost copies within the ghost width. ``GRAPH_PARTITION``: atoms split by
+    balanced contiguous index ranges, for models that build their own neighbour
+    list inside ``forward``.
+    """
+
+    HALO = "halo"
+    GRAPH_PARTITION = "graph_partition"
+
+
+class OutputKind(enum.Enum):
+    """The shape class of one model output.
+
+    ``PER_NODE``: one row per atom (rows ``[owned | ghost]`` under DD).
+    ``PER_GRAPH``: one row per system. ``GLOBAL``: anything else, passed through.
+    ``UNKNOWN``: not declared; passed through unchanged and reported as unverified
+    by validation (declare it to make it exact).
+    """
+
+    PER_NODE = "per_node"
+    PER_GRAPH = "per_graph"
+    GLOBAL = "global"
+    UNKNOWN = "unknown"
+
+
+class Reduce(enum.Enum):
+    """How the per-rank values of one output combine into the global value.
+
+    ``NONE``: the kind's default (see :meth:`OutputSpec.effective_reduce`).
+    ``ALL_REDUCE``: each rank holds a partial; sum them (per-node: ghost rows are
+    folded into their owners across ranks, then owned rows are kept; per-graph and
+    global: an all-reduce). ``OWNED_ONLY``: the value is already correct where it
+    lives (per-node: on owned rows, which are kept; per-graph and global: on every
+    rank, e.g. an energy from ``system_sum(scope=Scope.OWNED)``).
+    """
+
+    NONE = "none"
+    ALL_REDUCE = "all_reduce"
+    OWNED_ONLY = "owned_only"
+
+
+_DEFAULT_REDUCE = {
+    OutputKind.PER_NODE: Reduce.OWNED_ONLY,
+    OutputKind.PER_GRAPH: Reduce.ALL_REDUCE,
+    OutputKind.GLOBAL: Reduce.OWNED_ONLY,
+    OutputKind.UNKNOWN: Reduce.OWNED_ONLY,
+}
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How one named model output is shaped and combined under DD.
+
+    Parameters
+    ----------
+    kind:
+        The shape class (:class:`OutputKind`).
+    reduce:
+        The combine rule (:class:`Reduce`); ``Reduce.NONE`` means the kind's
+        default: per-node and global outputs ``OWNED_ONLY``, per-graph
+        ``ALL_REDUCE``.
+    """
+
+    kind: OutputKind
+    reduce: Reduce = Reduce.NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, OutputKind):
+            raise ConfigurationError(f"OutputSpec.kind must be an OutputKind, got {self.kind!r}")
+        if not isinstance(self.reduce, Reduce):
+            raise ConfigurationError(f"OutputSpec.reduce must be a Reduce, got {self.reduce!r}")
+        if self.kind is OutputKind.UNKNOWN and self.reduce is Reduce.ALL_REDUCE:
+            raise ConfigurationError(
+                "OutputSpec(kind=UNKNOWN, reduce=ALL_REDUCE): an output of unknown shape cannot "
+                "be summed across ranks; declare its kind"
+            )
+
+    def effective_reduce(self) -> Reduce:
+        """The rule consolidation applies (``NONE`` resolved to the kind's default)."""
+        return _DEFAULT_REDUCE[self.kind] if self.reduce is Reduce.NONE else self.reduce
+
+
+class ForceStrategy(enum.Enum):
+    """How a model's forces are produced under a distributed forward.
+
+    ``AUTOGRAD``: the model returns the energy; the runtime differentiates it with
+    respect to the padded positions (``autograd_target()``) and folds ghost
+    gradients into their owners. ``DIRECT``: the model returns ``forces`` on every
+    padded row (``-dE_local/dx``, from a kernel or its own autograd); the runtime
+    folds ghost rows into their owners.
+    """
+
+    AUTOGRAD = "autograd"
+    DIRECT = "direct"
+
+
+class ScatterMode(enum.Enum):
+    """What a scatter into ghost rows needs.
+
+    ``FOLD``: messages may land in ghost rows; their partial sums are folded into
+    the owners (a reverse exchange), then ghosts are refreshed (MPNN family).
+    ``LOCAL``: aggregation is over owned-complete neighbourhoods only (edges into
+    owned rows); only a refresh is needed (UMA / eSCN family). ``NONE``: the model
+    scatters nothing across atoms (pair potentials).
+    """
+
+    FOLD = "fold"
+    LOCAL = "local"
+    NONE = "none"
+
+
+class GlobalCoupling(enum.Enum):
+    """Long-range terms that couple every atom to every other.
+
+    ``NONE``: short-ranged only. ``RECIPROCAL_SUM``: Ewald reciprocal space;
+    structure factors of owned charges are all-reduced. ``MESH_SUM``: PME; the
+    charge mesh spread from owned charges is all-reduced.
+    """
+
+    NONE = "none"
+    RECIPROCAL_SUM = "reciprocal_sum"
+    MESH_SUM = "mesh_sum"
+
+
+@dataclass(frozen=True)
+class CompilePolicy:
+    """How a model wants ``torch.compile`` driven under domain decomposition.
+
+    Parameters
+    ----------
+    enabled:
+        Compile the forward at all.
+    mode, backend, fullgraph, dynamic:
+        Passed to ``torch.compile``.
+    pad_shapes:
+        Pad atom and edge counts to grow-only capacities (nvdd-padding) so the
+        compiled graph is reused as counts drift.
+    """
+
+    enabled: bool = False
+    mode: str | None = None
+    backend: str = "inductor"
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    pad_shapes: bool = True
+
+    def __post_init__(self) -> None:
+        modes = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if self.mode not in modes:
+            raise ConfigurationError(
+                f"CompilePolicy.mode must be one of {modes}, got {self.mode!r}"
+            )
+        if not self.backend:
+            raise ConfigurationError("CompilePolicy.backend must be a non-empty string")
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """Communication-pattern options a model declares.
+
+    Parameters
+    ----------
+    scatter:
+        What scatters into ghost rows need (:class:`ScatterMode`).
+    refresh_per_layer:
+        Ghost features are refreshed after every message-passing layer, so the
+        ghost width stays one cutoff however many layers the model has.
+    owned_receivers_only:
+        Edges are kept only when their receiver is an owned row (every global
+        edge then lives on exactly one rank).
+    extra_ghost_width:
+        Angstrom added to ``cutoff + skin`` (e.g. DFT-D3's coordination-number
+        cutoff, so ghost coordination numbers are complete).
+    global_coupling:
+        Long-range all-to-all terms (:class:`GlobalCoupling`).
+    """
+
+    scatter: ScatterMode = ScatterMode.NONE
+    refresh_per_layer: bool = False
+    owned_receivers_only: bool = True
+    extra_ghost_width: float = 0.0
+    global_coupling: GlobalCoupling = GlobalCoupling.NONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scatter, ScatterMode):
+            raise ConfigurationError(
+                f"StrategyOptions.scatter must be a ScatterMode, got {self.scatter!r}"
+            )
+        if not isinstance(self.global_coupling, GlobalCoupling):
+            raise ConfigurationError(
+                f"StrategyOptions.global_coupling must be a GlobalCoupling, got {self.global_coupling!r}"
+            )
+        if not (self.extra_ghost_width >= 0.0):
+            raise ConfigurationError(
+                f"StrategyOptions.extra_ghost_width must be >= 0, got {self.extra_ghost_width!r}"
+            )
+
+
+def record_to_dict(obj: Any) -> dict[str, Any]:
+    """A frozen record as a JSON-able dict (enums by value)."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        out[f.name] = v.value if isinstance(v, enum.Enum) else v
+    return out
+
+
+def record_from_dict(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    """Rebuild a frozen record from :func:`record_to_dict`'s output."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown field(s) {unknown} for {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    enum_types = {
+        "kind": OutputKind,
+        "reduce": Reduce,
+        "scatter": ScatterMode,
+        "global_coupling": GlobalCoupling,
+    }
+    for name, value in data.items():
+        etype = enum_types.get(name)
+        if etype is not None:
+            try:
+                value = etype(value)
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"{where}: {name}={value!r} is not a {etype.__name__}"
+                ) from exc
+        kwargs[name] = value
+    return cls(**kwargs)

@@ -1,0 +1,249 @@
+"""Spec types: validation, composition with |, JSON round trips, the trust rule."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+
+import _spec_targets as T  # noqa: N812
+import pytest
+
+from nvdd.core import ConfigurationError
+from nvdd.spec import (
+    SPEC_DFTD3_HALO,
+    SPEC_EWALD_HALO,
+    SPEC_LJ_HALO,
+    SPEC_MPNN_GP,
+    SPEC_MPNN_HALO,
+    SPEC_PME_HALO,
+    SPEC_UMA_HALO,
+    AdapterRegistry,
+    CompilePolicy,
+    DistributionSpec,
+    ForceStrategy,
+    FunctionAdapter,
+    JitAdapter,
+    MethodAdapter,
+    MLIPSpec,
+    OpAdapter,
+    OutputKind,
+    OutputSpec,
+    PythonAdapter,
+    Reduce,
+    ScatterMode,
+    StrategyKind,
+    StrategyOptions,
+)
+
+PRESETS = [
+    SPEC_LJ_HALO,
+    SPEC_MPNN_HALO,
+    SPEC_UMA_HALO,
+    SPEC_EWALD_HALO,
+    SPEC_PME_HALO,
+    SPEC_DFTD3_HALO,
+    SPEC_MPNN_GP,
+]
+
+
+@pytest.mark.parametrize("spec", PRESETS, ids=[s.name for s in PRESETS])
+def test_every_preset_round_trips_through_json(spec: MLIPSpec) -> None:
+    text = json.dumps(spec.to_dict())
+    back = MLIPSpec.from_dict(json.loads(text))
+    assert back == spec
+    assert back.to_dict() == spec.to_dict()
+    assert MLIPSpec.from_json(spec.to_json()) == spec
+    assert pickle.loads(pickle.dumps(spec)) == spec  # specs travel to spawned ranks
+
+
+def test_presets_differ_where_the_pattern_differs() -> None:
+    dicts = {
+        s.name: json.dumps({k: v for k, v in s.to_dict().items() if k != "name"}, sort_keys=True)
+        for s in PRESETS
+    }
+    assert len(set(dicts.values())) == len(PRESETS), "two presets are identical"
+    assert SPEC_LJ_HALO.force_strategy is ForceStrategy.DIRECT
+    assert (
+        SPEC_MPNN_HALO.options.scatter is ScatterMode.FOLD
+        and SPEC_MPNN_HALO.options.refresh_per_layer
+    )
+    assert SPEC_UMA_HALO.options.scatter is ScatterMode.LOCAL and SPEC_UMA_HALO.adapters()
+    assert SPEC_EWALD_HALO.options.global_coupling != SPEC_PME_HALO.options.global_coupling
+    assert SPEC_EWALD_HALO.output("energy").effective_reduce() is Reduce.ALL_REDUCE
+    assert SPEC_DFTD3_HALO.ghost_width(5.0, 1.0) > SPEC_LJ_HALO.ghost_width(5.0, 1.0) == 6.0
+    assert SPEC_MPNN_GP.strategy is StrategyKind.GRAPH_PARTITION
+    assert SPEC_MPNN_HALO.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+    assert SPEC_MPNN_HALO.output("energy").effective_reduce() is Reduce.OWNED_ONLY
+
+
+def test_output_defaults_and_unknown() -> None:
+    assert OutputSpec(OutputKind.PER_NODE).effective_reduce() is Reduce.OWNED_ONLY
+    assert OutputSpec(OutputKind.PER_GRAPH).effective_reduce() is Reduce.ALL_REDUCE
+    assert OutputSpec(OutputKind.GLOBAL).effective_reduce() is Reduce.OWNED_ONLY
+    assert SPEC_LJ_HALO.output("never_declared").kind is OutputKind.UNKNOWN
+    with pytest.raises(ConfigurationError, match="unknown shape cannot be summed"):
+        OutputSpec(OutputKind.UNKNOWN, Reduce.ALL_REDUCE)
+    with pytest.raises(ConfigurationError, match="must be an OutputKind"):
+        OutputSpec("per_node")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: CompilePolicy(mode="fastest"), "CompilePolicy.mode must be one of"),
+        (
+            lambda: StrategyOptions(extra_ghost_width=-1.0),
+            "extra_ghost_width must be >= 0, got -1.0",
+        ),
+        (lambda: StrategyOptions(scatter="fold"), "must be a ScatterMode"),
+        (lambda: DistributionSpec(sharded_fields=("charges",)), "must include 'positions'"),
+        (lambda: DistributionSpec(helpers=("x",)), "holds non-adapters"),
+        (
+            lambda: MLIPSpec(outputs={"energy": "per_graph"}),
+            r"outputs\['energy'\] must be an OutputSpec",
+        ),
+        (
+            lambda: MLIPSpec(force_strategy=ForceStrategy.DIRECT),
+            "DIRECT needs an OutputSpec for 'forces'",
+        ),
+        (lambda: MLIPSpec(compile=True), "compile must be a CompilePolicy"),
+        (lambda: OpAdapter(op="no_namespace"), "must be 'namespace::name'"),
+        (
+            lambda: OpAdapter(op="a::b", refresh_inputs=(0,), owned_inputs=(0,)),
+            "both refreshed and sliced",
+        ),
+        (lambda: MethodAdapter("not-a-name", T.shout), "form 'module:qualname'"),
+    ],
+)
+def test_construction_errors_name_the_value(build: object, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        build()  # type: ignore[operator]
+
+
+def test_composition_rules() -> None:
+    a1 = MethodAdapter("_spec_targets:Base.greet", T.shout)
+    a2 = FunctionAdapter(T.add_one, T.double_result)
+    left = MLIPSpec(
+        outputs={
+            "energy": OutputSpec(OutputKind.PER_GRAPH),
+            "forces": OutputSpec(OutputKind.PER_NODE, Reduce.ALL_REDUCE),
+        },
+        distribution=DistributionSpec(helpers=(a1,), sharded_fields=("positions", "charges")),
+        force_strategy=ForceStrategy.DIRECT,
+        name="left",
+    )
+    right = MLIPSpec(
+        outputs={
+            "energy": OutputSpec(OutputKind.PER_GRAPH, Reduce.OWNED_ONLY),
+            "dipole": OutputSpec(OutputKind.GLOBAL),
+        },
+        distribution=DistributionSpec(helpers=(a1, a2), sharded_fields=("positions", "spins")),
+        compile=CompilePolicy(enabled=True),
+    )
+    both = left | right
+    assert both.output("energy").reduce is Reduce.OWNED_ONLY  # right wins per key
+    assert both.output("forces").reduce is Reduce.ALL_REDUCE  # left kept
+    assert both.output("dipole").kind is OutputKind.GLOBAL  # merged
+    assert both.distribution.helpers == (a1, a2)  # concatenated, no duplicates
+    assert both.distribution.sharded_fields == ("positions", "charges", "spins")
+    assert both.force_strategy is ForceStrategy.DIRECT  # right at default: left kept
+    assert both.compile.enabled  # right set: right wins
+    assert both.name == "left"
+    composed = SPEC_MPNN_HALO | right
+    assert MLIPSpec.from_dict(composed.to_dict()) == composed
+
+
+def test_every_adapter_kind_round_trips() -> None:
+    adapters = (
+        MethodAdapter("_spec_targets:Base.greet", T.shout, declared_in="test"),
+        FunctionAdapter(T.add_one, T.double_result, also_patch=("_spec_targets:add_one",)),
+        PythonAdapter("_spec_targets:FLAG", "_spec_targets:REPLACED_FLAG"),
+        JitAdapter("_spec_targets:add_one", rewrap_outputs=(0, 1)),
+        OpAdapter(
+            "nvdd_test::kernel",
+            refresh_inputs=(0,),
+            owned_inputs=(1,),
+            fold_outputs=(0,),
+            all_reduce_outputs=(1,),
+            optional=True,
+        ),
+    )
+    spec = MLIPSpec(distribution=DistributionSpec(custom_ops=adapters[3:], helpers=adapters[:3]))
+    back = MLIPSpec.from_json(spec.to_json())
+    assert back == spec
+    assert back.adapters() == spec.adapters()
+    assert back.distribution.custom_ops[1].optional
+
+
+def test_unnamed_callable_raises_at_to_dict_not_silently() -> None:
+    spec = MLIPSpec(
+        distribution=DistributionSpec(
+            helpers=(MethodAdapter("_spec_targets:Base.greet", lambda orig, s, n: "x"),)
+        )
+    )
+    # Usable in-process ...
+    with AdapterRegistry(spec.adapters()):
+        assert T.Base().greet("a") == "x"
+    # ... but it cannot be stored.
+    with pytest.raises(ConfigurationError, match="lambda or local object"):
+        spec.to_dict()
+
+    def local(original: object, *args: object) -> object:
+        return original
+
+    with pytest.raises(ConfigurationError, match="lambda or local object"):
+        FunctionAdapter(T.add_one, local).to_dict()
+
+
+def test_from_dict_rejects_unknown_fields_and_types() -> None:
+    d = SPEC_LJ_HALO.to_dict()
+    with pytest.raises(ConfigurationError, match="unknown field"):
+        MLIPSpec.from_dict({**d, "surprise": 1})
+    with pytest.raises(ConfigurationError, match="expected format"):
+        MLIPSpec.from_dict({**d, "format": "other/9"})
+    bad = json.loads(json.dumps(d))
+    bad["distribution"]["helpers"] = [{"type": "EvalAdapter", "code": "rm -rf"}]
+    with pytest.raises(ConfigurationError, match="unknown adapter type 'EvalAdapter'"):
+        MLIPSpec.from_dict(bad)
+    bad = json.loads(json.dumps(d))
+    bad["outputs"]["energy"]["kind"] = "per_galaxy"
+    with pytest.raises(ConfigurationError, match="kind='per_galaxy' is not a OutputKind"):
+        MLIPSpec.from_dict(bad)
+
+
+def test_trust_rule_imports_only_when_trusted(tmp_path: Path) -> None:
+    mod = "nvdd_spec_untrusted_mod"
+    (tmp_path / f"{mod}.py").write_text(
+        textwrap.dedent(
+            """
+        IMPORTED = True
+        def wrapper(original, self_, *args, **kwargs):
+            return "from untrusted module"
+        """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        stored = MLIPSpec(
+            distribution=DistributionSpec(
+                helpers=(MethodAdapter("_spec_targets:Base.greet", f"{mod}:wrapper"),)
+            )
+        ).to_dict()
+        assert mod not in sys.modules
+        untrusted = MLIPSpec.from_dict(stored)  # loading alone imports nothing
+        assert mod not in sys.modules
+        with pytest.raises(Exception, match=f"would import module '{mod}'; pass trust=True"):
+            AdapterRegistry(untrusted.adapters()).install()
+        assert mod not in sys.modules
+        assert T.Base().greet("x") == "hello x"  # nothing left patched
+        trusted = MLIPSpec.from_dict(stored, trust=True)
+        with AdapterRegistry(trusted.adapters()):
+            assert mod in sys.modules
+            assert T.Base().greet("x") == "from untrusted module"
+        assert T.Base().greet("x") == "hello x"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(mod, None)
