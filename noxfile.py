@@ -107,10 +107,10 @@ def _closure(
     return siblings, third
 
 
-def _torch(session: nox.Session) -> Path:
+def _torch(session: nox.Session, mode: str) -> Path:
     """Make torch importable in the session; return the constraints file."""
     SHARED.mkdir(parents=True, exist_ok=True)
-    constraints = SHARED / f"constraints-{TORCH_MODE}.txt"
+    constraints = SHARED / f"constraints-{mode}.txt"
     site = session.run(
         "python",
         "-c",
@@ -118,7 +118,7 @@ def _torch(session: nox.Session) -> Path:
         silent=True,
     )
     assert isinstance(site, str)
-    if TORCH_MODE == "system":
+    if mode == "system":
         version = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True)
         assert isinstance(version, str)
         constraints.write_text(f"torch=={version.strip()}\n")
@@ -142,9 +142,10 @@ def _install(
     extras: bool = False,
     groups: tuple[str, ...] = ("test",),
     more: tuple[str, ...] = (),
+    torch_mode: str = TORCH_MODE,
 ) -> None:
     """Install exactly the sibling closure of ``names`` plus third-party needs."""
-    constraints = _torch(session)
+    constraints = _torch(session, torch_mode)
     siblings, third = _closure(names, extras=extras, groups=groups)
     session.install("-c", str(constraints), *TOOLS, *third, *more)
     paths = [str(PACKAGES[s]["path"]) for s in siblings]
@@ -220,3 +221,56 @@ def ci(session: nox.Session) -> None:
         session.notify(f"tests({name})")
     if any((ROOT / "integration_tests").glob("test_*.py")):
         session.notify("integration")
+
+
+@nox.session(venv_params=VENV_PARAMS)
+def demo(session: nox.Session) -> None:
+    """The main job: `nvdd run` on CPU ranks over gloo (a built-in argon box, LJ,
+    NVT then NVE), output in runs/demo. Extra arguments go to `nvdd run`."""
+    _install(session, ["nvalchemi-distributed"], extras=True, groups=())
+    args = session.posargs or ["--nproc", "2", "--out", "runs/demo"]
+    session.run("nvdd", "run", *args)
+
+
+@nox.session(venv_params=VENV_PARAMS, default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (ratios measured in one run; not tests). `-- --full` for the long sizes."""
+    _install(
+        session,
+        ["nvalchemi-distributed"],
+        extras=True,
+        groups=(),
+        more=("nvalchemi-toolkit-ops>=0.5",),
+    )
+    quick = [] if "--full" in session.posargs else ["--quick"]
+    session.run("python", "benchmarks/bench_dp.py", *quick)
+    session.run("python", "benchmarks/bench_halo.py", *quick)
+    session.run("python", "benchmarks/bench_partition.py", *quick)
+    session.run("python", "benchmarks/bench_models.py", *quick)
+    session.run("python", "benchmarks/bench_padding.py", "--steps", "40")
+
+
+@nox.session(venv_params=["--system-site-packages"], default=False)
+def multigpu(session: nox.Session) -> None:
+    """The integration suite over NCCL on every visible GPU (>= 2), one process per
+    GPU, launched with torchrun. Fails, not skips, with fewer than 2 GPUs.
+    Uses the interpreter's own (CUDA) torch: run with NVDD_TORCH=system."""
+    n = session.run(
+        "python",
+        "-c",
+        "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)",
+        silent=True,
+    )
+    count = int(str(n).strip().splitlines()[-1]) if n else 0
+    if count < 2:
+        session.error(f"multigpu needs at least 2 visible CUDA GPUs, found {count}")
+    _install(session, [*_top(), "nvdd-testing"], extras=True, torch_mode="system")
+    session.run(
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={count}",
+        "integration_tests/multigpu_suite.py",
+        *session.posargs,
+    )

@@ -17,12 +17,20 @@ Sections
    float64 and float32) against the number of atoms, with a neighbour search on
    every call (skin 0, atoms moved) and with a cached Verlet list (the model
    alone plus the per-call cutoff filter).
+3. Domain decomposition (CPU, gloo): the same models inside a live DD context on
+   ``--dd-ranks`` ranks (slabs along x, a halo plan from nvdd-halo, the model's
+   Verlet list cached, forces folded into owners as the runtime does): the
+   slowest rank's wall time per call against the single-process model on the
+   whole system; for the MPNN also a variant whose per-layer exchange is a
+   refresh only (``refresh_neighbors`` instead of ``scatter_to_owners``), with
+   its forces checked equal. Needs nvdd-halo and nvdd-testing on the path.
 
 Usage (from the repository root)::
 
     PYTHONPATH=$(ls -d packages/*/src | tr '\\n' :) python benchmarks/bench_models.py
     ... --device cuda --sizes 4000 32000 108000   # on a GPU host
     ... --quick                                    # a smoke run (small sizes)
+    ... --skip neighbors models --dd-sizes 864 2048  # the DD section alone
 """
 
 from __future__ import annotations
@@ -257,6 +265,117 @@ def bench_models(args: argparse.Namespace, device: torch.device) -> list[dict[st
     return rows
 
 
+# ------------------------------------------------------ domain decomposition
+def _dd_model(kind: str) -> torch.nn.Module:
+    if kind == "lj_direct_f64":
+        return LennardJones(LJConfig(cutoff=LJ.cutoff, species=LJ.species, skin=1.0))
+    return ReferenceMPNN(MPNNConfig(cutoff=5.0, species=(18,), hidden=32, n_basis=8, skin=1.0))
+
+
+def _dd_rank(kind: str, n_atoms: int, repeats: int) -> dict[str, Any]:
+    """Rank function: best wall time of one DD forward (+ fold) on this rank."""
+    import torch.distributed as dist
+
+    from nvdd import models
+    from nvdd.halo import ParticleHaloConfig, build_halo_plan
+    from nvdd.shardtensor import DDContext, dd_scope, refresh_neighbors
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pos, cell = fcc(fcc_k(n_atoms))
+    frac = pos @ torch.linalg.inv(cell)
+    frac = frac - torch.floor(frac)
+    owned = (torch.floor(frac[:, 0] * world) == rank).nonzero().squeeze(1)
+    cuts = torch.arange(world + 1, dtype=torch.float64) / world
+    boxes = torch.zeros(1, world, 2, 3, dtype=torch.float64)
+    boxes[0, :, 1] = 1.0
+    boxes[0, :, 0, 0], boxes[0, :, 1, 0] = cuts[:-1], cuts[1:]
+    pbc = torch.ones(1, 3, dtype=torch.bool)
+    model = _dd_model(kind)
+    cutoff = float(model.cutoff)  # type: ignore[arg-type]
+    cells = cell.unsqueeze(0)
+    x = (frac @ cell)[owned]
+    ids = owned.clone()
+    plan = build_halo_plan(
+        ParticleHaloConfig(boxes=boxes, pbc=pbc, ghost_width=cutoff + 1.0),
+        x,
+        ids,
+        torch.zeros_like(ids),
+        cells,
+        backend="torch",
+    )
+    n = plan.n_owned
+    padded = Batch(
+        torch.cat([x, plan.ghost_positions(x, cells)]),
+        torch.full((plan.n_padded,), 18),
+        cell=cells,
+        pbc=torch.zeros(1, 3, dtype=torch.bool),
+        atom_ids=torch.cat([ids, plan.ghost_atom_ids]),
+        validate=False,
+    )
+    autograd = kind.startswith("mpnn")
+
+    def step() -> torch.Tensor:
+        leaf = padded.positions.detach().requires_grad_(autograd)
+        with dd_scope(DDContext(layout=plan, positions=leaf)):
+            f = model(padded.replace(positions=leaf))["forces"]
+        return f[:n] + plan.reverse(f[n:])
+
+    def best() -> tuple[float, torch.Tensor]:
+        out = step()  # warm-up (and the list's build)
+        t_best = float("inf")
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            out = step()
+            t_best = min(t_best, time.perf_counter() - t0)
+        return t_best, out
+
+    row: dict[str, Any] = {"n_owned": n, "n_ghost": plan.n_ghost}
+    t_fold, forces = best()
+    row["dd_forward_ms"] = 1e3 * t_fold
+    if autograd:
+        fold = models._mpnn.scatter_to_owners
+        models._mpnn.scatter_to_owners = refresh_neighbors  # type: ignore[attr-defined]
+        try:
+            t_refresh, forces_refresh = best()
+        finally:
+            models._mpnn.scatter_to_owners = fold  # type: ignore[attr-defined]
+        row["refresh_only_ms"] = 1e3 * t_refresh
+        row["refresh_max_dF"] = float((forces_refresh - forces).abs().max())
+    return row
+
+
+def bench_dd(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from nvdd.testing import run_ranks
+
+    rows: list[dict[str, Any]] = []
+    for n in args.dd_sizes:
+        pos, cell = fcc(fcc_k(n))
+        batch = Batch(pos, torch.full((pos.shape[0],), 18), cell=cell, pbc=[True, True, True])
+        for kind in ("lj_direct_f64", "mpnn_f64"):
+            model = _dd_model(kind)
+            model(batch)  # warm-up (and the list's build)
+            single = float("inf")
+            for _ in range(args.repeats):  # wall time, as on the ranks
+                t0 = time.perf_counter()
+                model(batch)
+                single = min(single, time.perf_counter() - t0)
+            per_rank = run_ranks(_dd_rank, args.dd_ranks, kind, n, args.repeats, timeout_s=600)
+            row: dict[str, Any] = {
+                "model": kind,
+                "n_atoms": int(pos.shape[0]),
+                "ranks": args.dd_ranks,
+                "max_n_ghost": max(r["n_ghost"] for r in per_rank),
+                "single_process_ms": 1e3 * single,
+            }
+            for key in ("dd_forward_ms", "refresh_only_ms", "refresh_max_dF"):
+                if key in per_rank[0]:
+                    row[key] = max(r[key] for r in per_rank)
+            rows.append(row)
+            print(json.dumps({"dd": row}), flush=True)
+    return rows
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     keys: list[str] = []
     for r in rows:
@@ -280,11 +399,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch and vesin CPU threads")
     parser.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["neighbors", "models"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["neighbors", "models", "dd"])
+    parser.add_argument("--dd-sizes", type=int, nargs="*", default=[864, 2048])
+    parser.add_argument("--dd-ranks", type=int, default=2)
     parser.add_argument("--json", help="also write every row to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.batch_systems, args.repeats = [108, 500], [4], 2
+        args.dd_sizes = [500]
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     header = {
@@ -299,10 +421,13 @@ def main(argv: list[str] | None = None) -> None:
         results["neighbors"] = bench_neighbors(args, device)
     if "models" not in args.skip:
         results["models"] = bench_models(args, device)
-    for key in ("neighbors", "models"):
+    if "dd" not in args.skip and args.dd_sizes:
+        results["dd"] = bench_dd(args)
+    for key in ("neighbors", "models", "dd"):
         if key in results:
-            clock = "CPU time" if device.type == "cpu" else "wall time"
-            print(f"\n## {key} ({header['device']}, {args.threads} thread(s), {clock}, ms)\n")
+            clock = "CPU time" if device.type == "cpu" and key != "dd" else "wall time"
+            where = f"cpu, {args.dd_ranks} gloo ranks" if key == "dd" else header["device"]
+            print(f"\n## {key} ({where}, {args.threads} thread(s), {clock}, ms)\n")
             print(_table(results[key]))
     if args.json:
         with open(args.json, "w") as fh:

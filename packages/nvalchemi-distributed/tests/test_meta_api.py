@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -28,8 +29,16 @@ def seed_symbols() -> set[str]:
 
 def test_seed_file_is_parsed() -> None:
     names = seed_symbols()
-    for expected in ("DomainParallel", "SPEC_MPNN_HALO", "resolve_cap", "trace_and_validate", "localize",
-                     "StrategyKind", "ParticleHaloConfig", "reshard_by_destination"):
+    for expected in (
+        "DomainParallel",
+        "SPEC_MPNN_HALO",
+        "resolve_cap",
+        "trace_and_validate",
+        "localize",
+        "StrategyKind",
+        "ParticleHaloConfig",
+        "reshard_by_destination",
+    ):
         assert expected in names
     assert len(names) == 47, sorted(names)
 
@@ -67,8 +76,12 @@ def test_version_check_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> N
 
     class FakeDist:
         version = "0.1.0"
-        requires = ["nvdd-core==0.1.0", "nvdd-halo==0.1.0", "torch>=2.4",
-                    "nvdd-models==0.1.0; extra == 'models'"]
+        requires: ClassVar[list[str]] = [
+            "nvdd-core==0.1.0",
+            "nvdd-halo==0.1.0",
+            "torch>=2.4",
+            "nvdd-models==0.1.0; extra == 'models'",
+        ]
 
         def read_text(self, name: str) -> str | None:
             return None
@@ -82,8 +95,10 @@ def test_version_check_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(_versions.metadata, "distribution", lambda name: FakeDist())
     monkeypatch.setattr(_versions.metadata, "version", fake_version)
-    with pytest.raises(_versions.VersionMismatchError,
-                       match="nvdd-halo 0.2.0 is installed but nvalchemi-distributed 0.1.0 pins 0.1.0"):
+    with pytest.raises(
+        _versions.VersionMismatchError,
+        match=r"nvdd-halo 0\.2\.0 is installed but nvalchemi-distributed 0\.1\.0 pins 0\.1\.0",
+    ):
         _versions.check_versions()
     versions["nvdd-halo"] = "0.1.0"
     _versions.check_versions()  # the models extra is absent: not checked

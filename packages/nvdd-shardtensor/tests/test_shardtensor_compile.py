@@ -1,10 +1,9 @@
 """ShardTensor under torch.compile: graph breaks counted, results compared with eager.
 
-Before torch 2.13 the dispatch is opaque to Dynamo (a graph break around every
-ShardTensor operation, see ``DISPATCH_TRACEABLE``): there the graph-break count is
-not tested, the results still are.
+Before torch 2.13 the dispatch refuses to be traced (``DISPATCH_TRACEABLE``):
+there only the refusal is tested.
 
-torch 2.13 notes (see docs/fragments/nvdd-shardtensor.md): a ShardTensor that is
+torch 2.13 notes (docs/design.md, ShardTensor section): a ShardTensor that is
 an *input* of a graph compiled with AOTAutograd trips pytorch/pytorch#193932
 unless ``torch._functorch.config.check_custom_op_aliasing`` is off, so the
 AOTAutograd tests pass plain tensors across the compile boundary and wrap them
@@ -34,6 +33,7 @@ from nvdd.shardtensor import (
 from nvdd.testing import run_ranks
 
 TRACEABLE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+needs_traceable = pytest.mark.skipif(not TRACEABLE, reason="ShardTensor compiles from torch 2.13")
 
 SOURCE = torch.tensor([0, 1, 2, 4, 5])
 SEND = torch.tensor([0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 5])
@@ -88,7 +88,7 @@ def _aliasing_check_off() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-@pytest.mark.skipif(not TRACEABLE, reason="the dispatch is traced from torch 2.13 on")
+@needs_traceable
 def test_message_passing_layer_compiles_without_graph_breaks() -> None:
     layout, padded, (w1, w2) = _inputs()
     h = ShardTensor.from_local(padded, layout)
@@ -112,13 +112,22 @@ def test_message_passing_layer_compiles_without_graph_breaks() -> None:
     assert len(counter.graphs) == 1
 
 
+@pytest.mark.skipif(TRACEABLE, reason="torch >= 2.13 traces the dispatch")
+def test_older_torch_refuses_to_trace_the_dispatch() -> None:
+    layout, padded, (w1, w2) = _inputs()
+    h = ShardTensor.from_local(padded, layout)
+    with pytest.raises(Exception, match=r"needs torch >= 2\.13"):
+        torch.compile(mp_layer, backend=GraphCounter(), fullgraph=True)(h, w1, w2)
+
+
+@needs_traceable
 @pytest.mark.parametrize("backend", ["graph", "aot_eager"])
 def test_compiled_message_passing_matches_eager(backend: str) -> None:
     layout, padded, (w1, w2) = _inputs()
     want = mp_layer(ShardTensor.from_local(padded.clone(), layout), w1, w2)
     compiler: Any = GraphCounter() if backend == "graph" else backend
     with _aliasing_check_off():
-        got = torch.compile(mp_layer, backend=compiler, fullgraph=TRACEABLE)(
+        got = torch.compile(mp_layer, backend=compiler, fullgraph=True)(
             ShardTensor.from_local(padded.clone(), layout), w1, w2
         )
     assert type(got) is ShardTensor
@@ -135,6 +144,7 @@ def _toy_single(
     return toy_energy(pos, ShardTensor.from_local(feat, layout), SEND, RECV, SYS, 2, params)
 
 
+@needs_traceable
 def test_energy_and_forces_compile_in_one_graph_with_aot_autograd() -> None:
     layout, padded, _ = _inputs()
     params = toy_params()
@@ -142,7 +152,7 @@ def test_energy_and_forces_compile_in_one_graph_with_aot_autograd() -> None:
         pos = _images(torch.randn(6, 3, dtype=torch.float64)).requires_grad_()
         energy = _toy_single(pos, padded, params)
         (grad,) = torch.autograd.grad(energy.sum(), pos)
-        compiled = torch.compile(_toy_single, backend="aot_eager", fullgraph=TRACEABLE)
+        compiled = torch.compile(_toy_single, backend="aot_eager", fullgraph=True)
         energy_c = compiled(pos, padded, params)
         (grad_c,) = torch.autograd.grad(energy_c.sum(), pos)
     torch.testing.assert_close(energy_c, energy, atol=1e-12, rtol=0)
@@ -150,6 +160,7 @@ def test_energy_and_forces_compile_in_one_graph_with_aot_autograd() -> None:
     assert float(grad.abs().max()) > 1e-3
 
 
+@needs_traceable
 def test_shard_tensor_graph_inputs_compile_with_the_aliasing_check_off() -> None:
     layout, padded, (w1, w2) = _inputs()
     h = ShardTensor.from_local(padded, layout).requires_grad_()
@@ -160,7 +171,7 @@ def test_shard_tensor_graph_inputs_compile_with_the_aliasing_check_off() -> None
     want = energy(h)
     (g_want,) = torch.autograd.grad(want.sum(), h)
     with _aliasing_check_off():
-        got = torch.compile(energy, backend="aot_eager", fullgraph=TRACEABLE)(h)
+        got = torch.compile(energy, backend="aot_eager", fullgraph=True)(h)
     (g_got,) = torch.autograd.grad(got.sum(), h)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     torch.testing.assert_close(g_got, g_want, atol=1e-12, rtol=0)
@@ -183,6 +194,7 @@ def test_compiled_code_follows_the_live_context() -> None:
 
 
 @pytest.mark.slow
+@needs_traceable
 def test_energy_and_forces_compile_with_inductor() -> None:
     layout, padded, _ = _inputs()
     params = toy_params()
@@ -190,7 +202,7 @@ def test_energy_and_forces_compile_with_inductor() -> None:
         pos = _images(torch.randn(6, 3, dtype=torch.float64)).requires_grad_()
         energy = _toy_single(pos, padded, params)
         (grad,) = torch.autograd.grad(energy.sum(), pos)
-        energy_c = torch.compile(_toy_single, fullgraph=TRACEABLE)(pos, padded, params)
+        energy_c = torch.compile(_toy_single, fullgraph=True)(pos, padded, params)
         (grad_c,) = torch.autograd.grad(energy_c.sum(), pos)
     torch.testing.assert_close(energy_c, energy, atol=1e-12, rtol=0)
     torch.testing.assert_close(grad_c, grad, atol=1e-12, rtol=0)
@@ -213,7 +225,7 @@ def _compiled_on_ranks(system: ToySystem, params: dict[str, torch.Tensor]) -> di
         energy = forward(pos, feat)
         (grad,) = torch.autograd.grad(energy.sum(), pos)
         # fullgraph=True: any graph break (a collective Dynamo cannot trace, say) fails
-        energy_c = torch.compile(forward, backend="aot_eager", fullgraph=TRACEABLE)(pos, feat)
+        energy_c = torch.compile(forward, backend="aot_eager", fullgraph=True)(pos, feat)
         (grad_c,) = torch.autograd.grad(energy_c.sum(), pos)
     return {
         "rank": dist.get_rank(),
@@ -223,6 +235,7 @@ def _compiled_on_ranks(system: ToySystem, params: dict[str, torch.Tensor]) -> di
 
 
 @pytest.mark.gloo
+@needs_traceable
 def test_toy_model_compiles_in_one_graph_on_two_ranks() -> None:
     system = make_system(24, 2, seed=5)
     results = run_ranks(_compiled_on_ranks, 2, system, toy_params(), timeout_s=240)

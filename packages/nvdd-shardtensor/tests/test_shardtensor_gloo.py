@@ -29,6 +29,7 @@ from nvdd.shardtensor import (
     DDContext,
     Scope,
     ShardTensor,
+    autograd_target,
     dd_scope,
     refresh_neighbors,
     scatter_to_owners,
@@ -264,7 +265,7 @@ def _toy_on_ranks(system: ToySystem, params: dict[str, torch.Tensor]) -> dict[st
 
         def forward_backward() -> tuple[torch.Tensor, torch.Tensor]:
             e = toy_energy(pos, feat, sh.send, sh.recv, sys_idx, system.n_systems, params)
-            (g,) = torch.autograd.grad(e.sum(), pos)
+            (g,) = torch.autograd.grad(e.sum(), autograd_target())
             return e, scatter_to_owners(g)
 
         (energy, grad_a), n_syncs, calls = call_counted(forward_backward)

@@ -62,5 +62,6 @@ def check_versions() -> None:
             problems.append(f"{name} {have} is installed but {_DIST} {dist.version} pins {want}")
     if problems:
         raise VersionMismatchError(
-            "; ".join(problems) + f". Install matching versions: pip install '{_DIST}=={dist.version}'"
+            "; ".join(problems)
+            + f". Install matching versions: pip install '{_DIST}=={dist.version}'"
         )

@@ -91,6 +91,15 @@ class InputGate:
         self._version: int | None = None
         self.generation = 0
 
+    def __getstate__(self) -> dict[str, int]:
+        # A weak reference does not pickle (torch.save of a whole model, deepcopy):
+        # a copy starts without a checked topology.
+        return {"generation": self.generation}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.generation = state["generation"]
+
     def reset(self) -> None:
         """Forget the last topology (the next DD call checks collectively again)."""
         self._layout = None

@@ -126,6 +126,23 @@ class LJConfig:
             )
         )
 
+    def __reduce__(self) -> tuple[type[LJConfig], tuple[object, ...]]:
+        # The read-only mappings do not pickle; rebuild from plain dicts.
+        return (
+            LJConfig,
+            (
+                self.cutoff,
+                self.epsilon,
+                self.sigma,
+                dict(self.species),
+                dict(self.pairs),
+                self.mixing,
+                self.shift_energy,
+                self.force_mode,
+                self.skin,
+            ),
+        )
+
     def tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(rows, epsilon, sigma)``: the lookup tables the model uses.
 

@@ -199,6 +199,14 @@ class NeighborList:
     def __repr__(self) -> str:
         return f"NeighborList(cutoff={self._cutoff})"
 
+    def __getstate__(self) -> dict[str, float | int]:
+        # vesin's objects hold C handles: a copy (pickle, deepcopy) makes new ones.
+        return {"cutoff": self._cutoff, "cuda_pairs_per_point": self._cuda_pairs_per_point}
+
+    def __setstate__(self, state: dict[str, float | int]) -> None:
+        self.__init__(float(state["cutoff"]))  # type: ignore[misc]
+        self._cuda_pairs_per_point = int(state["cuda_pairs_per_point"])
+
     def __call__(
         self,
         positions: torch.Tensor,

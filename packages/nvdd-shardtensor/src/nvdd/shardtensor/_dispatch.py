@@ -17,7 +17,7 @@ Rules, in the order they are tried:
    ``x[i] = v``, ``x += y``, ...): run on a plain alias of the same storage;
    the ShardTensor object itself is returned. (Running them on the subclass
    object loses the subclass inside ``torch.compile`` with torch 2.13, see
-   ``docs/fragments/nvdd-shardtensor.md``.)
+   the ShardTensor notes in ``docs/design.md``.)
 5. **Everything else** runs on the local tensors; a tensor result whose dim 0
    has ``n_padded`` rows becomes a ShardTensor with the same layout, anything
    else is a plain tensor.
@@ -64,6 +64,12 @@ _METADATA_INPLACE = frozenset(
         "share_memory_",
         "rename_",
         "record_stream",
+        "_resize_output_",
+        "resize_as_sparse_",
+        "sparse_resize_",
+        "sparse_resize_and_clear_",
+        "_coalesced_",
+        "_mkldnn_transpose_",
     }
 )
 _INPLACE_DUNDERS = frozenset(

@@ -8,21 +8,38 @@ from typing import Any
 
 import torch
 
-from nvdd.core import ValidationError, get_rank
+from nvdd.core import ConfigurationError, ValidationError, get_rank
 from nvdd.shardtensor._dispatch import torch_function
 from nvdd.shardtensor._protocol import HaloLayout, check_layout
 from nvdd.shardtensor._rules import layout_of, plain, wrap
 
 __all__ = ["ShardTensor"]
 
-#: Dynamo traces the dispatch correctly from torch 2.13 on. Older versions (2.11
-#: was seen folding scatters wrongly inside compiled graphs) run it eagerly, as a
-#: graph break around every ShardTensor operation: slower, never wrong.
+#: Dynamo traces the dispatch correctly from torch 2.13 on. With older versions
+#: (2.11 was seen folding scatters wrongly inside compiled graphs, and failing
+#: internally when resuming after a graph break) the dispatch refuses to be
+#: traced, so compiling code that runs on ShardTensors fails loudly with the
+#: error below instead of computing a wrong graph.
 _TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 DISPATCH_TRACEABLE = _TORCH >= (2, 13)
-_dispatch = (
-    torch_function if DISPATCH_TRACEABLE else torch.compiler.disable(torch_function)  # type: ignore[no-untyped-call]
-)
+
+
+def _refuse_tracing(
+    cls: type[torch.Tensor],
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+) -> Any:
+    if torch.compiler.is_compiling():
+        raise ConfigurationError(
+            f"rank {get_rank()}: ShardTensor under torch.compile needs torch >= 2.13, this is "
+            f"{torch.__version__}: upgrade torch, or keep ShardTensors out of the compiled "
+            "region"
+        )
+    return torch_function(cls, func, args, kwargs)
+
+
+_dispatch = torch_function if DISPATCH_TRACEABLE else _refuse_tracing
 
 
 class ShardTensor(torch.Tensor):

@@ -1,0 +1,121 @@
+"""Bodies every rank runs in the integration suite (kept free of pytest)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from it_systems import crystal, model_for
+
+from nvdd.dynamics import (
+    FIRE,
+    DomainConfig,
+    DomainParallel,
+    HookScope,
+    HookStage,
+    VelocityVerlet,
+    kinetic_energy,
+)
+from nvdd.testing import assert_same_ids
+
+
+def run_dd(
+    kind: str,
+    model_name: str,
+    n_steps: int,
+    dt: float,
+    grid: tuple[int, int, int] | None,
+    skin: float = 0.5,
+    species: tuple[int, ...] = (18,),
+    every: int = 0,
+    integrator: str = "nve",
+    temperature_k: float = 60.0,
+) -> dict[str, Any]:
+    """Run the decomposed dynamics; rank 0 returns the gathered final state."""
+    model, cutoff = model_for(model_name)
+    batch = crystal(kind, species=species, temperature_k=temperature_k)
+    if integrator == "fire":
+        dyn: Any = FIRE(model, batch, dt_fs=dt, fmax=1e-3)
+    else:
+        dyn = VelocityVerlet(model, batch, dt_fs=dt)
+    energies: list[float] = []
+    ids_ok: list[bool] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # small test systems are often degenerate
+        dp = DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid))
+        with dp:
+            if every:
+
+                def thermo(ctx: Any) -> None:
+                    ke = float(kinetic_energy(ctx.batch, dyn.reducer).sum())
+                    energies.append(float(ctx.batch.energy.sum()) + ke)
+
+                dp.register_hook(HookStage.AFTER_STEP, thermo, every=every, needs=["energy"])
+
+                def conserved(ctx: Any) -> None:
+                    assert_same_ids(ctx.batch.atom_ids, batch.atom_ids, "atom set")
+                    ids_ok.append(True)
+
+                dp.register_hook(
+                    HookStage.AFTER_STEP, conserved, every=every, scope=HookScope.GLOBAL
+                )
+            dp.partition()
+            converged = dp.run(n_steps)
+            final = dp.gather(0)
+            stats = dp.stats
+    if final is None:
+        return {}
+    return {
+        "ids": final.atom_ids,
+        "positions": final.positions,
+        "forces": final.forces,
+        "energy": final.energy,
+        "energies": energies,
+        "rebuilds": stats.rebuilds,
+        "migrated_total": stats.migrated,
+        "ids_checks": len(ids_ok),
+        "converged": converged,
+        "steps": dyn.step_count,
+    }
+
+
+def single(
+    kind: str,
+    model_name: str,
+    n_steps: int,
+    dt: float,
+    species: tuple[int, ...] = (18,),
+    every: int = 0,
+    integrator: str = "nve",
+    temperature_k: float = 60.0,
+) -> dict[str, Any]:
+    """The single-process reference (no DD wrapper)."""
+    model, _ = model_for(model_name)
+    batch = crystal(kind, species=species, temperature_k=temperature_k)
+    dyn: Any = (
+        FIRE(model, batch, dt_fs=dt, fmax=1e-3)
+        if integrator == "fire"
+        else VelocityVerlet(model, batch, dt_fs=dt)
+    )
+    energies: list[float] = []
+    if every:
+        dyn.register_hook(
+            HookStage.AFTER_STEP,
+            lambda ctx: energies.append(
+                float(ctx.batch.energy.sum() + kinetic_energy(ctx.batch).sum())
+            ),
+            every=every,
+        )
+    converged = dyn.run(n_steps)
+    b = dyn.batch
+    return {
+        "ids": b.atom_ids,
+        "positions": b.positions,
+        "forces": b.forces,
+        "energy": b.energy,
+        "cell": b.cell[0],
+        "pbc": b.pbc[0],
+        "energies": energies,
+        "converged": converged,
+        "steps": dyn.step_count,
+    }

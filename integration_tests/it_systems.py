@@ -1,0 +1,111 @@
+"""Systems and models of the integration suite (small: CI runs on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import torch
+
+from nvdd.core import Batch
+from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+
+AR_A = 5.26  # FCC lattice constant of argon, Angstrom
+LJ_CUTOFF = 6.0
+MPNN_CUTOFF = 4.0
+
+FCC = torch.tensor([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=torch.float64)
+PRIMITIVE = 0.5 * AR_A * torch.tensor([[0, 1, 1], [1, 0, 1], [1, 1, 0]], dtype=torch.float64)
+
+
+def _velocities(
+    n: int, masses: torch.Tensor, temperature_k: float, g: torch.Generator
+) -> torch.Tensor:
+    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    v *= torch.sqrt(8.617333262e-5 * temperature_k / masses)[:, None]
+    return v - v.mean(dim=0)
+
+
+def crystal(
+    kind: str,
+    *,
+    seed: int = 0,
+    temperature_k: float = 60.0,
+    jitter: float = 0.05,
+    species: tuple[int, ...] = (18,),
+) -> Batch:
+    """A small argon-like crystal.
+
+    kind: ``periodic`` (cubic FCC 3x3x3, 108 atoms), ``triclinic`` (FCC primitive
+    cell 5x5x5, 125 atoms, skewed), ``slab`` (periodic x, y; open z), ``cluster``
+    (open on all axes), ``long`` (4x2x2 cubic cells: thin boxes on 4+ ranks).
+    """
+    g = torch.Generator().manual_seed(seed)
+    if kind == "triclinic":
+        n = 5
+        grid = torch.stack(
+            torch.meshgrid(*[torch.arange(n, dtype=torch.float64)] * 3, indexing="ij"), -1
+        )
+        frac = grid.reshape(-1, 3)
+        cell = PRIMITIVE * n
+        positions = frac @ PRIMITIVE
+        pbc = [True, True, True]
+    else:
+        reps = {"periodic": (3, 3, 3), "slab": (3, 3, 2), "cluster": (3, 3, 3), "long": (4, 2, 2)}[
+            kind
+        ]
+        grid = torch.stack(
+            torch.meshgrid(*[torch.arange(r, dtype=torch.float64) for r in reps], indexing="ij"), -1
+        )
+        frac = (grid.reshape(-1, 1, 3) + FCC).reshape(-1, 3)
+        positions = frac * AR_A
+        cell = torch.diag(torch.tensor(reps, dtype=torch.float64) * AR_A)
+        pbc = {
+            "periodic": [True] * 3,
+            "long": [True] * 3,
+            "slab": [True, True, False],
+            "cluster": [False] * 3,
+        }[kind]
+        if kind in ("slab", "cluster"):
+            positions = positions + 0.25 * AR_A  # off the cell faces, inside a bigger box
+    n_atoms = positions.shape[0]
+    positions = positions + jitter * torch.randn(n_atoms, 3, generator=g, dtype=torch.float64)
+    z = torch.tensor(species)[torch.arange(n_atoms) % len(species)]
+    b = Batch(
+        positions=positions,
+        atomic_numbers=z,
+        cell=cell,
+        pbc=pbc,
+        atom_ids=torch.randperm(n_atoms, generator=g) * 3 + 1,
+    )
+    return b.replace(velocities=_velocities(n_atoms, b.masses, temperature_k, g))
+
+
+def lj_model(dtype: torch.dtype = torch.float64) -> LennardJones:
+    return LennardJones(LJConfig(cutoff=LJ_CUTOFF, epsilon=0.0104, sigma=3.40, skin=0.5)).to(dtype)
+
+
+def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> ReferenceMPNN:
+    cfg = MPNNConfig(
+        cutoff=MPNN_CUTOFF,
+        species=(18, 36),
+        hidden=16,
+        n_basis=6,
+        n_layers=n_layers,
+        seed=3,
+        skin=0.5,
+    )
+    return ReferenceMPNN(cfg, dtype=dtype)
+
+
+def model_for(name: str) -> tuple[torch.nn.Module, float]:
+    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``."""
+    if name == "lj":
+        return lj_model(), LJ_CUTOFF
+    return mpnn_model(int(name[-1])), MPNN_CUTOFF
+
+
+def wrapped_max_diff(
+    a: torch.Tensor, b: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor
+) -> float:
+    """Largest |a - b| component after removing lattice vectors on periodic axes."""
+    frac = torch.linalg.solve(cell.T, (a - b).T).T
+    frac = torch.where(pbc, frac - torch.round(frac), frac)
+    return float((frac @ cell).abs().max()) if a.numel() else 0.0

@@ -1,0 +1,71 @@
+"""Migration under load, energy drift, and FIRE, N ranks against 1."""
+
+from __future__ import annotations
+
+import pytest
+from it_ranks import run_dd, single
+
+from nvdd.testing import assert_close_by_id, run_ranks
+
+pytestmark = pytest.mark.gloo
+
+
+def test_hot_gas_migrates_constantly_and_conserves_the_atom_set() -> None:
+    # 2000 steps of a hot (3000 K) argon system on 4 ranks: atoms cross boxes all
+    # the time; every 100 steps a GLOBAL hook checks the id set (each id once).
+    got = run_ranks(
+        run_dd,
+        4,
+        "periodic",
+        "lj",
+        2000,
+        4.0,
+        (2, 2, 1),
+        every=100,
+        temperature_k=3000.0,
+        timeout_s=1500,
+    )[0]
+    assert got["ids_checks"] == 20
+    assert got["migrated_total"] > 100, got["migrated_total"]
+    assert got["rebuilds"] > 20
+    assert sorted(got["ids"].tolist()) == sorted((t * 3 + 1) for t in range(108))
+
+
+def test_nve_energy_drift_on_four_ranks_matches_one_rank() -> None:
+    steps, every = 400, 20
+    dd = run_ranks(run_dd, 4, "periodic", "lj", steps, 4.0, (2, 2, 1), every=every, timeout_s=900)[
+        0
+    ]
+    ref = single("periodic", "lj", steps, 4.0, every=every)
+    drift_dd = max(abs(e - dd["energies"][0]) for e in dd["energies"])
+    drift_1 = max(abs(e - ref["energies"][0]) for e in ref["energies"])
+    assert len(dd["energies"]) == len(ref["energies"]) == steps // every
+    assert drift_dd <= 1.1 * drift_1 + 1e-12, (drift_dd, drift_1)
+    assert drift_1 < 1e-3 * 108  # a sane NVE: below a meV per atom
+
+
+def test_fire_reaches_the_same_minimum() -> None:
+    dd = run_ranks(
+        run_dd,
+        3,
+        "periodic",
+        "lj",
+        3000,
+        2.0,
+        None,
+        integrator="fire",
+        temperature_k=0.0,
+        timeout_s=900,
+    )[0]
+    ref = single("periodic", "lj", 3000, 2.0, integrator="fire", temperature_k=0.0)
+    assert dd["converged"] and ref["converged"]
+    assert dd["steps"] == ref["steps"]
+    assert float((dd["energy"] - ref["energy"]).abs().max()) < 1e-8
+    assert_close_by_id(
+        dd["ids"],
+        dd["positions"],
+        ref["ids"],
+        ref["positions"],
+        atol=1e-6,
+        what="minimum positions",
+    )

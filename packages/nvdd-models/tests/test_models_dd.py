@@ -1,0 +1,316 @@
+"""The models under domain decomposition: specs, the DD context, gloo ranks vs one process.
+
+The gloo tests follow the runtime contract of ``nvdd.dynamics.DistributedModel``
+(which sits above this package) with nvdd-halo directly (``models_ddcases.py``)
+and compare every rank's owned atoms with the single-process model by atom id.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from models_ddcases import (
+    CASES,
+    count_all_reduce,
+    global_batch,
+    make_model,
+    run_bad_rank,
+    run_steps,
+)
+from models_testutils import ghost_layout, jittered_lattice, make_batch
+
+from nvdd.core import Batch, ConfigurationError, ValidationError
+from nvdd.models import LennardJones, ReferenceMPNN
+from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
+from nvdd.spec import (
+    SPEC_LJ_HALO,
+    SPEC_MPNN_HALO,
+    BaseModelMixin,
+    ForceStrategy,
+    StrategyKind,
+)
+from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
+
+ATOL = 1e-10
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread: the test machine's two cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ the spec
+@pytest.mark.parametrize(("kind", "preset"), [("lj", SPEC_LJ_HALO), ("mpnn", SPEC_MPNN_HALO)])
+def test_models_declare_their_halo_presets(kind: str, preset: Any) -> None:
+    model = make_model(kind)
+    assert isinstance(model, BaseModelMixin) and isinstance(model, torch.nn.Module)
+    assert model.distribution_spec() is preset
+    assert model.distribution_spec(StrategyKind.HALO) is preset
+    assert model.distribution_spec("halo") is preset
+    expected = ForceStrategy.DIRECT if kind == "lj" else ForceStrategy.AUTOGRAD
+    assert model.distribution_spec().force_strategy is expected
+
+
+@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+def test_graph_partition_and_unknown_strategies_are_configuration_errors(kind: str) -> None:
+    model = make_model(kind)
+    with pytest.raises(ConfigurationError, match=r"HALO only.*GRAPH_PARTITION"):
+        model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    with pytest.raises(ConfigurationError, match="must be a StrategyKind, got 'ring'"):
+        model.distribution_spec("ring")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------- the inert context: phase 1
+@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+def test_inert_context_is_exactly_the_single_process_model(kind: str) -> None:
+    batch = global_batch("triclinic-3", kind)
+    plain = make_model(kind)(batch)
+    with dd_scope(None):
+        inert = make_model(kind)(batch)
+    with dd_scope(DDContext(positions=batch.positions)):
+        inert_with_positions = make_model(kind)(batch)
+    for key, value in plain.items():
+        assert torch.equal(value, inert[key]), key
+        assert torch.equal(value, inert_with_positions[key]), key
+
+
+# ---------------------------------------------- one process, self-image halo
+def _self_image_run(
+    model: LennardJones | ReferenceMPNN, full: Batch, cutoff: float, device: str = "cpu"
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """All atoms owned by one rank; ghosts are its own periodic images.
+
+    Returns the outputs on the CPU, each row's source atom and the owned rows.
+    """
+    layout = ghost_layout(full, torch.arange(full.n_atoms), cutoff)
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :].to(device))
+    autograd = model.distribution_spec().force_strategy is ForceStrategy.AUTOGRAD
+    batch = layout.batch.to(device)
+    leaf = batch.positions.clone().requires_grad_(autograd)
+    with dd_scope(DDContext(layout=halo, positions=leaf)):
+        out = model.to(device)(batch.replace(positions=leaf))
+    return {k: v.detach().cpu() for k, v in out.items()}, layout.source, layout.n_owned
+
+
+def _mpnn_system() -> Batch:
+    cell = [[4.6, 0.0, 0.0], [0.8, 4.4, 0.0], [-0.5, 0.6, 4.5]]
+    pos = jittered_lattice((3, 3, 3), np.asarray(cell), 0.15, seed=21)
+    z = np.random.default_rng(21).choice([1, 6, 8], size=len(pos)).tolist()
+    return make_batch(pos, np.asarray(cell), [True, True, True], z)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_mpnn_on_its_own_periodic_images_equals_the_periodic_model(
+    layers: int, device: str
+) -> None:
+    """Ghost features refreshed after every layer: one cutoff of halo suffices for any depth."""
+    full = _mpnn_system()
+    model = make_model("mpnn", layers=layers)
+    reference = model(full)
+    out, source, n = _self_image_run(model, full, model.cutoff, device)
+    forces = torch.zeros_like(reference["forces"]).index_add(0, source, out["forces"])
+    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out["virial"], reference["virial"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(
+        out["atom_energies"][:n], reference["atom_energies"], rtol=0, atol=ATOL
+    )
+    # ghost rows carry their owners' features, hence their atom energies
+    torch.testing.assert_close(
+        out["atom_energies"][n:], reference["atom_energies"][source[n:]], rtol=0, atol=ATOL
+    )
+
+
+def test_mpnn_without_the_per_layer_fold_would_be_wrong() -> None:
+    """The same two-layer run with ghost features left stale differs: the fold matters."""
+    from nvdd.models import _mpnn
+
+    full = _mpnn_system()
+    model = make_model("mpnn", layers=2)
+    reference = model(full)
+    original = _mpnn.scatter_to_owners
+    _mpnn.scatter_to_owners = lambda x: x  # type: ignore[assignment]
+    try:
+        out, _, _ = _self_image_run(model, full, model.cutoff)
+    finally:
+        _mpnn.scatter_to_owners = original
+    assert float((out["energy"] - reference["energy"]).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["direct", "autograd"])
+def test_lj_on_its_own_periodic_images_equals_the_periodic_model(mode: str, device: str) -> None:
+    full = global_batch("triclinic-3", "lj")
+    model = make_model("lj", mode=mode)
+    reference = model(full)
+    out, source, n = _self_image_run(model, full, model.cutoff, device)
+    forces = torch.zeros_like(reference["forces"]).index_add(0, source, out["forces"])
+    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
+    assert float(out["atom_energies"][n:].abs().max()) == 0.0  # no ghost receivers
+
+
+@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+def test_models_pickle_after_a_dd_call(kind: str) -> None:
+    """The checked-topology memory is a weak reference; copies start without it."""
+    full = global_batch("periodic-2", kind)
+    layout = ghost_layout(full, torch.arange(full.n_atoms), 2.6)
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :])
+    model = make_model(kind)
+    with dd_scope(DDContext(layout=halo)):
+        before = model(layout.batch)
+        for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+            assert clone.config == model.config
+            after = clone(layout.batch)
+            assert torch.equal(before["forces"], after["forces"])
+
+
+def test_model_inputs_are_checked_against_the_layout() -> None:
+    full = global_batch("periodic-2", "lj")
+    layout = ghost_layout(full, torch.arange(full.n_atoms), 2.5)
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :])
+    model = make_model("lj")
+    with dd_scope(DDContext(layout=halo)):
+        with pytest.raises(ValidationError, match=r"rank 0: the batch has 36 rows .* n_padded="):
+            model(full)
+        with pytest.raises(ValidationError, match=r"n_receivers=3 differs .* n_owned=36"):
+            model(layout.batch, n_receivers=3)
+        with pytest.raises(ValidationError, match=r"pbc .* must have open boundaries"):
+            model(layout.batch.replace(pbc=torch.ones_like(layout.batch.pbc)))
+        out = model(layout.batch, n_receivers=36)  # the owned rows: accepted
+    assert out["forces"].shape == layout.batch.positions.shape
+
+
+# ------------------------------------------------------- gloo: N ranks vs 1
+def _oracle(kind: str, case: str, shift: float = 0.0, **kw: Any) -> dict[str, torch.Tensor]:
+    batch = global_batch(case, kind, shift)
+    out = dict(make_model(kind, **kw)(batch))
+    out["ids"] = batch.atom_ids
+    return out
+
+
+def _compare(got: list[dict[str, Any]], ref: dict[str, torch.Tensor], atol: float = ATOL) -> None:
+    """Every rank's owned rows against the oracle by id; totals on every rank."""
+    ids = torch.cat([g["ids"] for g in got])
+    assert_same_ids(ids, ref["ids"])
+    for key in ("forces", "atom_energies"):
+        values = torch.cat([g[key] for g in got])
+        assert_close_by_id(ids, values, ref["ids"], ref[key], atol=atol, what=key)
+    for g in got:
+        for key in ("energy", "virial", "stress"):
+            torch.testing.assert_close(g[key], ref[key], rtol=0, atol=atol, msg=key)
+
+
+LJ_CASES = [
+    ("periodic-2", "direct"),
+    ("triclinic-3", "direct"),
+    ("mixed-open-cuts-3", "direct"),
+    ("two-systems-2", "direct"),
+    ("mixed-periodic-cut-2", "autograd"),
+    ("empty-rank-3", "direct"),
+]
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize(("case", "mode"), LJ_CASES, ids=[f"{c}-{m}" for c, m in LJ_CASES])
+def test_lj_ranks_equal_the_single_process_model_by_id(case: str, mode: str) -> None:
+    got = [r[0] for r in run_ranks(run_steps, CASES[case][0], "lj", case, mode=mode, timeout_s=120)]
+    _compare(got, _oracle("lj", case, mode=mode))
+    # Scope.LOCAL: each rank returns its partial energy; the partials add up.
+    partials = torch.stack([g["energy_rank"] for g in got])
+    torch.testing.assert_close(partials.sum(0), got[0]["energy"], rtol=0, atol=ATOL)
+    busy = max(range(len(got)), key=lambda r: len(got[r]["ids"]))
+    assert float((partials[busy] - got[0]["energy"]).abs().max()) > 1e-3
+
+
+MPNN_CASES = [
+    ("periodic-2", 2),
+    ("periodic-2", 3),
+    ("triclinic-3", 2),
+    ("mixed-open-cuts-3", 3),
+    ("mixed-periodic-cut-2", 2),
+    ("two-systems-2", 3),
+    ("empty-rank-3", 2),
+]
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize(("case", "layers"), MPNN_CASES, ids=[f"{c}-L{n}" for c, n in MPNN_CASES])
+def test_mpnn_ranks_equal_the_single_process_model_by_id(case: str, layers: int) -> None:
+    world = CASES[case][0]
+    got = [r[0] for r in run_ranks(run_steps, world, "mpnn", case, layers=layers, timeout_s=120)]
+    _compare(got, _oracle("mpnn", case, layers=layers))
+    # Scope.OWNED: the energy is already global (and identical) on every rank.
+    for g in got:
+        assert torch.equal(g["energy_rank"], got[0]["energy_rank"])
+        torch.testing.assert_close(g["energy_rank"], g["energy"], rtol=0, atol=0)
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+def test_verlet_cache_follows_the_halo_topology(kind: str) -> None:
+    """Reused plan and small moves: the list is reused; a new plan: the list is rebuilt."""
+    schedule = ((True, 0.0), (False, 0.01), (False, 0.02), (True, 0.02), (False, 0.03))
+    case = "triclinic-3"
+    results = run_ranks(run_steps, 3, kind, case, schedule, skin=0.25, timeout_s=120)
+    for step, (_, shift) in enumerate(schedule):
+        _compare([r[step] for r in results], _oracle(kind, case, shift, skin=0.25))
+    for per_rank in results:
+        # built at step 0, reused at steps 1-2, rebuilt at step 3 (new topology,
+        # same positions as step 2), reused at step 4
+        assert [r["n_builds"] for r in per_rank] == [1, 1, 1, 2, 2]
+
+
+@pytest.mark.gloo
+def test_float32_ranks_agree_with_the_float64_model() -> None:
+    case = "periodic-2"
+    got = [r[0] for r in run_ranks(run_steps, 2, "mpnn", case, dtype=torch.float32, timeout_s=120)]
+    ref = _oracle("mpnn", case)
+    ids = torch.cat([g["ids"] for g in got])
+    forces = torch.cat([g["forces"] for g in got])
+    assert forces.dtype == torch.float32
+    scale = float(ref["forces"].abs().max())
+    assert_close_by_id(ids, forces, ref["ids"], ref["forces"], atol=1e-5 * scale, what="forces")
+    for g in got:
+        torch.testing.assert_close(g["energy"].double(), ref["energy"], rtol=1e-5, atol=0)
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize(
+    ("kind", "how", "match"),
+    [
+        ("lj", "species", "atomic_numbers\\[0\\] = 99 has no parameters"),
+        ("mpnn", "species", "atomic_numbers\\[0\\] = 99 has no parameters"),
+        ("mpnn", "n_receivers", "differs from the DD layout's n_owned"),
+        ("lj", "pbc", "must have open boundaries"),
+    ],
+)
+def test_bad_input_on_one_rank_raises_on_every_rank(kind: str, how: str, match: str) -> None:
+    messages = run_ranks(run_bad_rank, 2, kind, "periodic-2", 1, how, timeout_s=60)
+    for message in messages:
+        assert message.startswith("rank 1: "), message
+        assert re.search(match, message), message
+        assert "rank 0:" not in message
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize(("kind", "expected"), [("lj", [1, 0, 1]), ("mpnn", [2, 1, 2])])
+def test_inputs_are_shared_once_per_topology_not_every_step(kind: str, expected: list[int]) -> None:
+    """LJ: no all-reduce on a steady-state forward; MPNN: only its energy's."""
+    for counts in run_ranks(count_all_reduce, 2, kind, "periodic-2", timeout_s=60):
+        assert counts == expected
