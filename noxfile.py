@@ -237,7 +237,7 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (ratios measured in one run; not tests). `-- --full` for the long sizes."""
     _install(
         session,
-        ["nvalchemi-distributed"],
+        ["nvalchemi-distributed", "nvdd-testing"],
         extras=True,
         groups=(),
         more=("nvalchemi-toolkit-ops>=0.5",),
@@ -248,6 +248,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_partition.py", *quick)
     session.run("python", "benchmarks/bench_models.py", *quick)
     session.run("python", "benchmarks/bench_padding.py", "--steps", "40")
+    session.run("python", "benchmarks/bench_shardtensor.py", *quick)
 
 
 @nox.session(venv_params=["--system-site-packages"], default=False)

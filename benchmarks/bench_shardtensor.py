@@ -14,10 +14,18 @@ one (compute-bound).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from collections.abc import Callable
 
 import torch
+
+# The toy model lives with the package's tests.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(__file__), "..", "packages", "nvdd-shardtensor", "tests")
+)
+
 from shardtensor_fakes import toy_energy, toy_params
 
 from nvdd.shardtensor import DDContext, SelfImageLayout, ShardTensor, dd_scope

@@ -23,10 +23,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from it_systems import crystal, model_for, wrapped_max_diff  # noqa: E402
+from it_systems import crystal, model_for, wrapped_max_diff
 
-from nvdd.core import init_distributed  # noqa: E402
-from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet  # noqa: E402
+from nvdd.core import init_distributed
+from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 
 SCENARIOS = [
     # (name, system, model, steps, dt fs, species)
@@ -39,8 +39,15 @@ SCENARIOS = [
 ]
 
 
-def _run(kind: str, model_name: str, steps: int, dt: float, species: tuple[int, ...],
-         device: torch.device, decomposed: bool):
+def _run(
+    kind: str,
+    model_name: str,
+    steps: int,
+    dt: float,
+    species: tuple[int, ...],
+    device: torch.device,
+    decomposed: bool,
+):
     model, cutoff = model_for(model_name)
     model = model.to(device)
     batch = crystal(kind, species=species).to(device)
@@ -59,8 +66,12 @@ def _run(kind: str, model_name: str, steps: int, dt: float, species: tuple[int, 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--allow-single", action="store_true")
-    p.add_argument("--tolerance-scale", type=float, default=100.0,
-                   help="GPU atomics reorder sums: tolerances x this (default 100)")
+    p.add_argument(
+        "--tolerance-scale",
+        type=float,
+        default=100.0,
+        help="GPU atomics reorder sums: tolerances x this (default 100)",
+    )
     args = p.parse_args()
     env = init_distributed(backend="nccl")
     world, rank, device = env.world_size, env.rank, env.device
@@ -81,14 +92,19 @@ def main() -> int:
             df = float((got.forces - ref.forces).abs().max())
             de = float((got.energy - ref.energy).abs().max())
             ok = same and dx < 1e-8 * args.tolerance_scale and df < 1e-10 * args.tolerance_scale
-            print(f"{'PASS' if ok else 'FAIL'} {name:<18} ranks={world} ids_equal={same} "
-                  f"max|dx|={dx:.2e} max|dF|={df:.2e} |dE|={de:.2e} ({elapsed:.1f} s)", flush=True)
+            print(
+                f"{'PASS' if ok else 'FAIL'} {name:<18} ranks={world} ids_equal={same} "
+                f"max|dx|={dx:.2e} max|dF|={df:.2e} |dE|={de:.2e} ({elapsed:.1f} s)",
+                flush=True,
+            )
         flag = torch.tensor([0 if ok else 1], device=device)
         dist.all_reduce(flag)
         failures += int(flag.item())
     if rank == 0:
-        print(f"multigpu_suite: {len(SCENARIOS) - failures}/{len(SCENARIOS)} scenarios passed "
-              f"on {world} GPU rank(s)")
+        print(
+            f"multigpu_suite: {len(SCENARIOS) - failures}/{len(SCENARIOS)} scenarios passed "
+            f"on {world} GPU rank(s)"
+        )
     dist.destroy_process_group()
     return 1 if failures else 0
 

@@ -16,16 +16,26 @@ BAD = [
     ({"cutoff": math.nan}, r"cutoff must be a finite number, got nan"),
     ({"cutoff": "5"}, r"cutoff must be a finite number, got '5'"),
     ({"cutoff": 5.0, "skin": -0.1}, r"skin must be >= 0, got -0\.1"),
-    ({"cutoff": 5.0, "skin": 1.0, "ghost_width": 5.5}, r"ghost_width must be >= cutoff \+ skin = 6\.0, got 5\.5"),
+    (
+        {"cutoff": 5.0, "skin": 1.0, "ghost_width": 5.5},
+        r"ghost_width must be >= cutoff \+ skin = 6\.0, got 5\.5",
+    ),
     ({"cutoff": 5.0, "strategy": "halo"}, r"strategy must be a StrategyKind, got 'halo'"),
     ({"cutoff": 5.0, "compile": 1}, r"compile must be a bool, got 1"),
     ({"cutoff": 5.0, "mesh_dim": ""}, r"mesh_dim must be a non-empty string, got ''"),
     ({"cutoff": 5.0, "grid_dims": (2, 2)}, r"grid_dims must be three integers >= 1, got \(2, 2\)"),
-    ({"cutoff": 5.0, "grid_dims": (2, 0, 1)}, r"grid_dims must be three integers >= 1, got \(2, 0, 1\)"),
-    ({"cutoff": 5.0, "skin": 0.5, "migration_hysteresis": 0.5},
-     r"migration_hysteresis must be >= 0 and < skin = 0\.5, got 0\.5"),
-    ({"cutoff": 5.0, "skin": 0.5, "migration_hysteresis": -0.1},
-     r"migration_hysteresis must be >= 0 and < skin = 0\.5, got -0\.1"),
+    (
+        {"cutoff": 5.0, "grid_dims": (2, 0, 1)},
+        r"grid_dims must be three integers >= 1, got \(2, 0, 1\)",
+    ),
+    (
+        {"cutoff": 5.0, "skin": 0.5, "migration_hysteresis": 0.5},
+        r"migration_hysteresis must be >= 0 and < skin = 0\.5, got 0\.5",
+    ),
+    (
+        {"cutoff": 5.0, "skin": 0.5, "migration_hysteresis": -0.1},
+        r"migration_hysteresis must be >= 0 and < skin = 0\.5, got -0\.1",
+    ),
 ]
 
 

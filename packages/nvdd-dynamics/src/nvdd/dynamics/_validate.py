@@ -87,8 +87,10 @@ class ValidationReport:
     def summary(self) -> str:
         """A few lines for humans."""
         verdict = "PASSED" if self.passed else "FAILED"
-        lines = [f"trace_and_validate: {verdict} with {self.spec.name or 'a custom spec'} on "
-                 f"{self.world_size} ranks (tolerance {self.tolerance:g})"]
+        lines = [
+            f"trace_and_validate: {verdict} with {self.spec.name or 'a custom spec'} on "
+            f"{self.world_size} ranks (tolerance {self.tolerance:g})"
+        ]
         lines += [f"  {k}: max abs error {v:.3e}" for k, v in self.errors.items()]
         if self.first_uncovered:
             lines.append(f"  first module whose per-atom output differs: {self.first_uncovered}")
@@ -98,7 +100,9 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def _record_modules(model: Any, rows: int, store: dict[str, torch.Tensor], n_keep: int) -> list[Any]:
+def _record_modules(
+    model: Any, rows: int, store: dict[str, torch.Tensor], n_keep: int
+) -> list[Any]:
     handles = []
     named = getattr(model, "named_modules", None)
     if named is None:
@@ -123,11 +127,16 @@ def _single(model: Any, batch: Batch) -> dict[str, Any]:
     finally:
         for h in handles:
             h.remove()
-    return {"outputs": {k: v.detach() for k, v in out.items() if k in _OUTPUTS},
-            "ids": batch.atom_ids, "layers": store}
+    return {
+        "outputs": {k: v.detach() for k, v in out.items() if k in _OUTPUTS},
+        "ids": batch.atom_ids,
+        "layers": store,
+    }
 
 
-def _validate_rank(model: Any, batch: Batch, spec: MLIPSpec, config: DomainConfig) -> dict[str, Any]:
+def _validate_rank(
+    model: Any, batch: Batch, spec: MLIPSpec, config: DomainConfig
+) -> dict[str, Any]:
     """Body run on every spawned rank (module level so it can be named)."""
     import torch.distributed as dist
 
@@ -177,7 +186,9 @@ def _by_id(ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return x[torch.argsort(ids)]
 
 
-def _compare(ref: dict[str, Any], got: dict[str, Any]) -> tuple[dict[str, float], list[LayerDiagnostic]]:
+def _compare(
+    ref: dict[str, Any], got: dict[str, Any]
+) -> tuple[dict[str, float], list[LayerDiagnostic]]:
     errors = {}
     for k, v in ref["outputs"].items():
         if k not in got["outputs"]:
@@ -285,14 +296,23 @@ def _run_candidate(
 ) -> ValidationReport:
     failure = None
     try:
-        got = spawn_ranks(_validate_rank, world_size, model, batch, spec, config, timeout_s=timeout_s)[0]
+        got = spawn_ranks(
+            _validate_rank, world_size, model, batch, spec, config, timeout_s=timeout_s
+        )[0]
         errors, layers = _compare(ref, got)
     except RankFailedError as exc:
         errors, layers, failure = {}, [], str(exc)
     passed = failure is None and bool(errors) and all(e <= tol for e in errors.values())
     layers = [LayerDiagnostic(d.module, d.max_abs_error, d.max_abs_error <= tol) for d in layers]
-    return ValidationReport(passed=passed, spec=spec, errors=errors, tolerance=tol, layers=layers,
-                            world_size=world_size, failure=failure)
+    return ValidationReport(
+        passed=passed,
+        spec=spec,
+        errors=errors,
+        tolerance=tol,
+        layers=layers,
+        world_size=world_size,
+        failure=failure,
+    )
 
 
 def _repairs(model: Any, spec: MLIPSpec, report: ValidationReport) -> list[tuple[str, MLIPSpec]]:
@@ -304,8 +324,11 @@ def _repairs(model: Any, spec: MLIPSpec, report: ValidationReport) -> list[tuple
         adapters = neighbor_refresh_adapters(cls)
         fixed = spec | MLIPSpec(distribution=DistributionSpec(helpers=adapters))
         out.append((f"refresh ghost rows after {cls.__qualname__}.forward ({culprit})", fixed))
-    other = (ForceStrategy.DIRECT if spec.force_strategy is ForceStrategy.AUTOGRAD
-             else ForceStrategy.AUTOGRAD)
+    other = (
+        ForceStrategy.DIRECT
+        if spec.force_strategy is ForceStrategy.AUTOGRAD
+        else ForceStrategy.AUTOGRAD
+    )
     if other is ForceStrategy.AUTOGRAD or "forces" in spec.outputs:
         out.append((f"force strategy {other.value}", spec.replace(force_strategy=other)))
     for preset in (SPEC_MPNN_HALO, SPEC_LJ_HALO, SPEC_UMA_HALO):

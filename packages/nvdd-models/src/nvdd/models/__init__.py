@@ -5,6 +5,11 @@
   searched by vesin; the Verlet list keeps a skin and rebuilds only when needed.
 - :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces.
 - :class:`ReferenceMPNN`: a small deterministic message-passing network.
+
+Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
+``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO``, and inside a live DD context
+(``nvdd.shardtensor.dd_scope``) ``forward`` runs on one rank's
+``[owned | ghost]`` rows (owned receivers, owned energies, forces on every row).
 """
 
 from nvdd.models.__about__ import __version__

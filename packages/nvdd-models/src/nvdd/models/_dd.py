@@ -169,14 +169,6 @@ def prepare_rows(
         The model's checks that read tensor values (species): once per topology
         under DD, on every call otherwise.
 
-    Notes
-    -----
-    Outside DD the two checks run in that order and raise at once, and the
-    geometry is checked by the neighbour list, as in a single-process model.
-    Under DD this function also checks the geometry, the rows against the
-    layout and (once per topology) the system indices and open boundaries, so
-    that the neighbour list cannot fail on one rank only.
-
     Returns
     -------
     (n_receivers, topology)
@@ -190,6 +182,15 @@ def prepare_rows(
         every rank of the context's group together (**Collective**: one
         all-reduce of a flag over ``ctx.group``, every rank calls it at the same
         forward); otherwise locally.
+
+    Notes
+    -----
+    Outside DD the two checks run in that order and raise at once, and the
+    geometry is checked by the neighbour list, as in a single-process model.
+    Under DD this function also checks the geometry, the rows against the
+    layout and (once per topology) the system indices and open boundaries, so
+    that malformed input is reported on every rank instead of by the neighbour
+    list of one rank.
     """
     ctx = current_dd_context()
     layout = ctx.layout

@@ -199,8 +199,14 @@ class MLIPSpec:
         # The read-only outputs view cannot be pickled; rebuild from a plain dict.
         return (
             MLIPSpec,
-            (dict(self.outputs), self.distribution, self.compile, self.force_strategy,
-             self.options, self.name),
+            (
+                dict(self.outputs),
+                self.distribution,
+                self.compile,
+                self.force_strategy,
+                self.options,
+                self.name,
+            ),
         )
 
     # ------------------------------------------------------------- queries
