@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,10 @@ class _Thermo:
         rows: list[dict[str, float]],
         out: Path,
         traj_every: int,
+        bar: Any = None,
     ) -> None:
         self.dp, self.phase, self.offset, self.rows = dp, phase, offset, rows
+        self.say = bar.write if bar is not None else print
         self.out, self.traj_every = out, traj_every
         self.t_last, self.step_last = time.perf_counter(), 0
 
@@ -123,11 +126,10 @@ class _Thermo:
             "ms_per_step": ms,
         }
         self.rows.append(row)
-        print(
+        self.say(
             f"{self.phase:>4} {int(row['step']):>7d} {row['T']:9.2f} {row['E_pot']:14.6f} "
             f"{row['E_tot']:14.6f} {int(row['atoms_min']):>7d}-{int(row['atoms_max']):<7d} "
             f"{row['ms_per_step']:9.1f}",
-            flush=True,
         )
 
     def frame(self, ctx: Any) -> None:
@@ -157,7 +159,9 @@ def _run_phase(
         load_balance=args.load_balance,
     )
     dp = DomainParallel(dyn, config)
-    thermo = _Thermo(dp, phase, offset, rows, out, args.traj_every)
+    if dp.rank != 0:  # one copy of each partition warning is enough
+        warnings.filterwarnings("ignore", category=UserWarning)
+    thermo = _Thermo(dp, phase, offset, rows, out, args.traj_every, bar)
     dp.register_hook(HookStage.AFTER_STEP, thermo.thermo, every=args.thermo_every, needs=["energy"])
     if args.traj_every > 0 and _has_ase():
         dp.register_hook(

@@ -10,6 +10,7 @@ Under an existing torchrun environment it runs as one of its ranks instead.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -78,12 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_ARGS_ENV = "NVDD_RUN_ARGV"
+
+
 def _under_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``nvdd`` console script."""
+    if argv is None and _ARGS_ENV in os.environ and _under_launcher():
+        # Started by our own launch below: the arguments travel in the environment,
+        # so torch.distributed.run's parser never sees (and mistakes) them.
+        argv = json.loads(os.environ[_ARGS_ENV])
     args = build_parser().parse_args(argv)
     if args.command != "run":  # pragma: no cover - argparse enforces the choice
         return 2
@@ -95,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_rank(args)
     env = dict(os.environ)
+    env[_ARGS_ENV] = json.dumps(list(argv if argv is not None else sys.argv[1:]))
     if args.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
     cmd = [
@@ -105,7 +114,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"--nproc-per-node={args.nproc}",
         "-m",
         "nvalchemi.distributed.cli",
-        *(argv if argv is not None else sys.argv[1:]),
     ]
     return subprocess.call(cmd, env=env)
 

@@ -103,7 +103,7 @@ class ValidationReport:
 def _record_modules(
     model: Any, rows: int, store: dict[str, torch.Tensor], n_keep: int
 ) -> list[Any]:
-    handles = []
+    handles: list[Any] = []
     named = getattr(model, "named_modules", None)
     if named is None:
         return handles

@@ -1,0 +1,41 @@
+"""`nvdd run`, the main job, end to end on 2 CPU ranks (a tiny argon box)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvalchemi.distributed.cli import build_parser
+
+
+@pytest.mark.gloo
+def test_nvdd_run_two_ranks_matches_one_rank_and_writes_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", "--nproc", "2",
+           "--cells", "4", "--cutoff", "6.0", "--skin", "0.5", "--nvt-steps", "6",
+           "--nve-steps", "6", "--thermo-every", "3", "--traj-every", "6", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = res.stdout
+    assert "256 atoms on 2 cpu rank(s) (gloo)" in text
+    rows = re.findall(r"^\s*(NVT|NVE)\s+(\d+)\s", text, flags=re.M)
+    assert [int(s) for _, s in rows] == [3, 6, 9, 12]
+    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 256 atoms", text)
+    assert m is not None, text
+    assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
+    assert (out / "thermo.csv").read_text().startswith("step,T,E_pot,E_kin,E_tot")
+    assert (out / "energies.png").stat().st_size > 1000
+    frames = (out / "trajectory.extxyz").read_text().count("Lattice=")
+    assert frames == 2  # steps 6 and 12
+
+
+def test_parser_defaults_describe_the_main_job() -> None:
+    args = build_parser().parse_args(["run"])
+    assert args.cells == 20 and args.nproc == 2 and args.device == "cpu"
+    assert 4 * args.cells**3 == 32000
