@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -308,17 +308,20 @@ class DistributedModel:
         t0 = self._timer("model", t0)
         return self._consolidate(raw, padded, t0)
 
-    def _consolidate(self, raw: dict[str, Any], padded: torch.Tensor, t0: float) -> ModelOutputs:
+    def _consolidate(
+        self, raw: dict[str, Any], padded: torch.Tensor, t0: float, spec: MLIPSpec | None = None
+    ) -> ModelOutputs:
         plan = self.plan
+        spec = spec if spec is not None else self.spec
         if "forces" in raw:
             f_padded = raw.pop("forces")
-        elif self.spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
+        elif spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
             (grad,) = torch.autograd.grad(raw["energy"].sum(), padded, allow_unused=True)
             f_padded = -grad if grad is not None else torch.zeros_like(padded)
         else:
             raise ValidationError(
                 f"{type(self.model).__name__} returned neither 'forces' nor a differentiable "
-                f"'energy' (got {sorted(raw)}) under {self.spec.force_strategy}"
+                f"'energy' (got {sorted(raw)}) under {spec.force_strategy}"
             )
         if f_padded.shape != padded.shape:
             raise ValidationError(
@@ -330,7 +333,7 @@ class DistributedModel:
         t0 = self._timer("fold", t0)
         final, partial = consolidate(
             {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
-            self.spec,
+            spec,
             plan,
             self.sharded.group,
         )
@@ -375,11 +378,7 @@ class DistributedPipelineModel(DistributedModel):
         for s in specs[1:]:
             merged = merged | s
         widest = max(s.options.extra_ghost_width for s in specs)
-        merged = merged.replace(
-            options=merged.options.__class__(
-                **{**merged.options.__dict__, "extra_ghost_width": widest}
-            )
-        )
+        merged = merged.replace(options=replace(merged.options, extra_ghost_width=widest))
         super().__init__(_Sum(models), config, spec=merged, **kwargs)
 
     def _forward(self, local: Batch, t0: float) -> ModelOutputs:
@@ -391,27 +390,19 @@ class DistributedPipelineModel(DistributedModel):
         forces = torch.zeros_like(owned)
         finals: dict[str, torch.Tensor] = {}
         partials: dict[str, torch.Tensor] = {}
-        base = self.spec
-        try:
-            for model, spec in self.components:
-                leaf = padded.detach().requires_grad_(spec.force_strategy is ForceStrategy.AUTOGRAD)
-                padded_batch = static.replace(positions=leaf, cell=local.cell)
-                with dd_scope(self._context(plan, leaf)), torch.enable_grad():
-                    raw = dict(model(padded_batch))
-                self.model, self.spec = model, spec
-                out = self._consolidate(raw, leaf, t0)
-                assert self.pending is not None
-                forces = forces + out.pop("forces")
-                for k, v in out.items():
-                    if isinstance(v, torch.Tensor) and k in finals and k not in ("atom_energies",):
-                        finals[k] = finals[k] + v
-                    elif isinstance(v, torch.Tensor):
-                        finals[k] = v
-                for k, v in self.pending.materialize_lazy().items():
-                    partials[k] = partials[k] + v if k in partials else v
-        finally:
-            self.model, self.spec = _Sum([m for m, _ in self.components]), base
         assert self.pending is not None
+        for model, spec in self.components:
+            leaf = padded.detach().requires_grad_(spec.force_strategy is ForceStrategy.AUTOGRAD)
+            padded_batch = static.replace(positions=leaf, cell=local.cell)
+            with dd_scope(self._context(plan, leaf)), torch.enable_grad():
+                raw = dict(model(padded_batch))
+            out: dict[str, Any] = dict(self._consolidate(raw, leaf, t0, spec))
+            forces = forces + out.pop("forces")
+            for k, v in out.items():  # every output of a sum model is a sum
+                if isinstance(v, torch.Tensor):
+                    finals[k] = finals[k] + v if k in finals else v
+            for k, v in self.pending.materialize_lazy().items():
+                partials[k] = partials[k] + v if k in partials else v
         self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
         finals["forces"] = forces
         return finals  # type: ignore[return-value]
