@@ -119,3 +119,21 @@ def single(
         "converged": converged,
         "steps": dyn.step_count,
     }
+
+
+def lj_steady_state() -> dict[str, Any]:
+    """Collectives of LJ steps that rebuild nothing (after a warm-up)."""
+    model, cutoff = model_for("lj")
+    dyn = VelocityVerlet(model, crystal("periodic", temperature_k=20.0), dt_fs=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=1.0)) as dp:
+            dp.partition()
+            dp.run(3)
+            seen = []
+            for _ in range(5):
+                before = dp.stats.rebuilds
+                dp.step()
+                if dp.stats.rebuilds == before:
+                    seen.append(dict(dp.stats.last_collectives))
+    return {"quiet_steps": seen}

@@ -22,12 +22,13 @@ CASES = [
     ("lj-periodic-2x2x1", 4, "periodic", "lj", 100, 4.0, (2, 2, 1)),
     ("lj-slab-pbc-4", 4, "slab", "lj", 100, 4.0, None),
     ("lj-cluster-open-2", 2, "cluster", "lj", 100, 4.0, None),
+    # boxes 5.26 A wide, ghost width 6.625 A: ghosts come from two ranks away
     ("lj-multihop-4x1x1", 4, "long", "lj", 100, 4.0, (4, 1, 1)),
-    ("lj-3d-2x2x2", 8, "periodic", "lj", 60, 4.0, (2, 2, 2)),
-    ("mpnn2-periodic-2", 2, "periodic", "mpnn2", 50, 1.0, None),
-    ("mpnn3-triclinic-3", 3, "triclinic", "mpnn3", 40, 1.0, None),
-    ("mpnn2-slab-4", 4, "slab", "mpnn2", 40, 1.0, (2, 2, 1)),
-    ("mpnn2-cluster-8", 8, "cluster", "mpnn2", 20, 1.0, None),
+    ("lj-3d-2x2x2", 8, "periodic", "lj", 100, 4.0, (2, 2, 2)),
+    ("mpnn2-periodic-2", 2, "periodic", "mpnn2", 100, 1.0, None),
+    ("mpnn3-triclinic-3", 3, "triclinic", "mpnn3", 100, 1.0, None),
+    ("mpnn2-slab-4", 4, "slab", "mpnn2", 100, 1.0, (2, 2, 1)),
+    ("mpnn2-cluster-8", 8, "cluster", "mpnn2", 100, 1.0, None),
 ]
 
 
