@@ -16,9 +16,30 @@ from nvalchemi.distributed.cli import build_parser
 @pytest.mark.gloo
 def test_nvdd_run_two_ranks_matches_one_rank_and_writes_outputs(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", "--nproc", "2",
-           "--cells", "4", "--cutoff", "6.0", "--skin", "0.5", "--nvt-steps", "6",
-           "--nve-steps", "6", "--thermo-every", "3", "--traj-every", "6", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nvalchemi.distributed.cli",
+        "run",
+        "--nproc",
+        "2",
+        "--cells",
+        "4",
+        "--cutoff",
+        "6.0",
+        "--skin",
+        "0.5",
+        "--nvt-steps",
+        "6",
+        "--nve-steps",
+        "6",
+        "--thermo-every",
+        "3",
+        "--traj-every",
+        "6",
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
