@@ -210,3 +210,28 @@ def test_pipeline_model_sums_components_with_different_specs() -> None:
         got["energy"], (oa["energy"] + ob["energy"]).detach(), rtol=0, atol=1e-10
     )
     assert "energy" not in got["final"]  # pending until materialized
+
+
+def _compiled_run(backend: str) -> dict:
+    from nvdd.spec import CompilePolicy, MLIPSpec
+
+    model = SoftPair()
+    spec = model.distribution_spec() | MLIPSpec(
+        compile=CompilePolicy(enabled=True, backend=backend)
+    )
+    dyn = VelocityVerlet(model, make_gas(n=40), dt_fs=2.0)
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.4, compile=True), spec=spec) as dp:
+        dp.partition()
+        compiled = dp.model.forward_fn is not model
+        dp.run(8)
+        out = dp.gather(0)
+    return {} if out is None else {"ids": out.atom_ids, "forces": out.forces, "compiled": compiled}
+
+
+def test_compile_true_runs_a_compiled_forward_with_the_same_result() -> None:
+    got = run_ranks(_compiled_run, 2, "aot_eager", timeout_s=300)[0]
+    assert got["compiled"]
+    ref = _reference(make_gas(n=40), 8, SoftPair())
+    assert_close_by_id(
+        got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="compiled forces"
+    )

@@ -131,6 +131,7 @@ class DistributedModel:
         self.count = count
         self._timer = _Timer(self.stats, sync_timings)
         self._registry = AdapterRegistry(self.spec.adapters())
+        self.forward_fn = _compiled(model, self.spec, config)
         self._sharded: ShardedBatch | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
@@ -304,7 +305,7 @@ class DistributedModel:
             dd_scope(self._context(plan, padded)),
             torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
         ):
-            raw = dict(self.model(padded_batch))
+            raw = dict(self.forward_fn(padded_batch))
         t0 = self._timer("model", t0)
         return self._consolidate(raw, padded, t0)
 
@@ -406,6 +407,27 @@ class DistributedPipelineModel(DistributedModel):
         self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
         finals["forces"] = forces
         return finals  # type: ignore[return-value]
+
+
+def _compiled(model: Any, spec: MLIPSpec, config: DomainConfig) -> Any:
+    """``model`` itself, or ``torch.compile(model)`` when the config or spec asks.
+
+    Row counts change only at halo rebuilds, so the compiled forward uses dynamic
+    shapes (unless the spec's policy says otherwise) instead of recompiling at
+    every rebuild. Padding rows to grow-only capacities (``pad_shapes``) is not
+    applied under the halo strategy: ghost layouts would need padded ranks of
+    their own (see docs/design.md).
+    """
+    policy = spec.compile
+    if not (config.compile or policy.enabled):
+        return model
+    return torch.compile(
+        model,
+        backend=policy.backend,
+        mode=policy.mode,
+        fullgraph=policy.fullgraph,
+        dynamic=True if policy.dynamic is None else policy.dynamic,
+    )
 
 
 class _Sum:
