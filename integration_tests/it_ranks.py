@@ -7,6 +7,7 @@ from typing import Any
 
 from it_systems import crystal, model_for
 
+from nvdd.core import Batch
 from nvdd.dynamics import (
     FIRE,
     DomainConfig,
@@ -17,6 +18,35 @@ from nvdd.dynamics import (
     kinetic_energy,
 )
 from nvdd.testing import assert_same_ids
+
+
+def _start(
+    kind: str,
+    model_name: str,
+    dt: float,
+    species: tuple[int, ...],
+    integrator: str,
+    temperature_k: float,
+) -> tuple[Any, Batch, float]:
+    """The integrator under test (FIRE for ``"fire"``, else velocity Verlet) on the
+    starting crystal, that crystal, and the model's cutoff."""
+    model, cutoff = model_for(model_name)
+    batch = crystal(kind, species=species, temperature_k=temperature_k)
+    if integrator == "fire":
+        dyn: Any = FIRE(model, batch, dt_fs=dt, fmax=1e-3)
+    else:
+        dyn = VelocityVerlet(model, batch, dt_fs=dt)
+    return dyn, batch, cutoff
+
+
+def _state(batch: Batch) -> dict[str, Any]:
+    """The compared per-atom and per-system fields of a final batch."""
+    return {
+        "ids": batch.atom_ids,
+        "positions": batch.positions,
+        "forces": batch.forces,
+        "energy": batch.energy,
+    }
 
 
 def run_dd(
@@ -32,12 +62,7 @@ def run_dd(
     temperature_k: float = 60.0,
 ) -> dict[str, Any]:
     """Run the decomposed dynamics; rank 0 returns the gathered final state."""
-    model, cutoff = model_for(model_name)
-    batch = crystal(kind, species=species, temperature_k=temperature_k)
-    if integrator == "fire":
-        dyn: Any = FIRE(model, batch, dt_fs=dt, fmax=1e-3)
-    else:
-        dyn = VelocityVerlet(model, batch, dt_fs=dt)
+    dyn, batch, cutoff = _start(kind, model_name, dt, species, integrator, temperature_k)
     energies: list[float] = []
     ids_ok: list[bool] = []
     with warnings.catch_warnings():
@@ -66,10 +91,7 @@ def run_dd(
     if final is None:
         return {}
     return {
-        "ids": final.atom_ids,
-        "positions": final.positions,
-        "forces": final.forces,
-        "energy": final.energy,
+        **_state(final),
         "energies": energies,
         "rebuilds": stats.rebuilds,
         "migrated_total": stats.migrated,
@@ -90,13 +112,7 @@ def single(
     temperature_k: float = 60.0,
 ) -> dict[str, Any]:
     """The single-process reference (no DD wrapper)."""
-    model, _ = model_for(model_name)
-    batch = crystal(kind, species=species, temperature_k=temperature_k)
-    dyn: Any = (
-        FIRE(model, batch, dt_fs=dt, fmax=1e-3)
-        if integrator == "fire"
-        else VelocityVerlet(model, batch, dt_fs=dt)
-    )
+    dyn, _, _ = _start(kind, model_name, dt, species, integrator, temperature_k)
     energies: list[float] = []
     if every:
         dyn.register_hook(
@@ -109,10 +125,7 @@ def single(
     converged = dyn.run(n_steps)
     b = dyn.batch
     return {
-        "ids": b.atom_ids,
-        "positions": b.positions,
-        "forces": b.forces,
-        "energy": b.energy,
+        **_state(b),
         "cell": b.cell[0],
         "pbc": b.pbc[0],
         "energies": energies,

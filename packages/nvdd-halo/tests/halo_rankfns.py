@@ -3,6 +3,7 @@ imports this module, and importing pytest would cost each rank a second)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +21,19 @@ def config_of(case: Case, **kw: Any) -> ParticleHaloConfig:
 def rank() -> int:
     """This rank (0 without a process group)."""
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def error_text(call: Callable[[], object], exc_type: type[Exception], typed: bool = False) -> str:
+    """Run a collective ``call``; return the message of the ``exc_type`` it raised
+    (``"TypeName: message"`` when ``typed``), after a barrier that proves every rank
+    left the collective together, or ``"no error"``."""
+    try:
+        call()
+    except exc_type as exc:
+        if dist.is_initialized():
+            dist.barrier()
+        return f"{type(exc).__name__}: {exc}" if typed else str(exc)
+    return "no error"
 
 
 def local_plan(
@@ -190,13 +204,9 @@ def bad_plan_rank(name: str, fault: str, bad_rank: int) -> str:
         kw["max_ghost_rows"] = 3
     if fault == "huge":
         case = Case(**{**case.__dict__, "ghost_width": 1e6})
-    try:
-        build_halo_plan(config_of(case, **kw), pos, ids, sysi, cell)
-    except NvddError as exc:
-        if dist.is_initialized():
-            dist.barrier()
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
+    return error_text(
+        lambda: build_halo_plan(config_of(case, **kw), pos, ids, sysi, cell), NvddError, typed=True
+    )
 
 
 def bad_exchange_rank(bad_rank: int) -> str:
@@ -216,9 +226,4 @@ def bad_exchange_rank(bad_rank: int) -> str:
         sync_checks=True,
     )
     x = pos[:-1] if r == bad_rank else pos
-    try:
-        plan.forward(x)
-    except NvddError as exc:
-        dist.barrier()
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"
+    return error_text(lambda: plan.forward(x), NvddError, typed=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from halo_rankfns import error_text
 
 from nvdd.core import ValidationError
 from nvdd.halo import reshard_by_destination
@@ -60,12 +61,7 @@ def _bad_destination(bad_rank: int) -> str:
     if rank == bad_rank:
         dest = dest.clone()
         dest[2] = world + 5
-    try:
-        reshard_by_destination(fields, dest)
-    except ValidationError as exc:
-        dist.barrier()  # every rank is still in step: nobody hangs
-        return str(exc)
-    return "no error"
+    return error_text(lambda: reshard_by_destination(fields, dest), ValidationError)
 
 
 @pytest.mark.gloo
@@ -78,12 +74,9 @@ def test_reshard_destination_out_of_range_raises_on_every_rank() -> None:
 def _mismatched_layout() -> str:
     rank = dist.get_rank()
     fields = {"x": torch.zeros(4, 3, dtype=torch.float64 if rank == 0 else torch.float32)}
-    try:
-        reshard_by_destination(fields, torch.zeros(4, dtype=torch.int64))
-    except ValidationError as exc:
-        dist.barrier()
-        return str(exc)
-    return "no error"
+    return error_text(
+        lambda: reshard_by_destination(fields, torch.zeros(4, dtype=torch.int64)), ValidationError
+    )
 
 
 @pytest.mark.gloo

@@ -308,14 +308,19 @@ def run_steps(
     return results
 
 
+def _model_and_rows(kind: str, case: str) -> tuple[LennardJones | ReferenceMPNN, HaloPlan, Batch]:
+    """A fresh model, this rank's halo plan of ``case`` and its padded batch."""
+    model = make_model(kind)
+    batch = global_batch(case, kind)
+    owned = owned_rows(batch, boxes_of(case), dist.get_rank())
+    plan = build_plan(case, kind, batch, owned)
+    return model, plan, padded_batch(batch, owned, plan)
+
+
 def run_bad_rank(kind: str, case: str, bad_rank: int, how: str) -> str:
     """Rank function: ``bad_rank`` passes a malformed batch; return the error every rank got."""
     rank = dist.get_rank()
-    model = make_model(kind)
-    batch = global_batch(case, kind)
-    owned = owned_rows(batch, boxes_of(case), rank)
-    plan = build_plan(case, kind, batch, owned)
-    padded = padded_batch(batch, owned, plan)
+    model, plan, padded = _model_and_rows(kind, case)
     kwargs: dict[str, Any] = {}
     if rank == bad_rank:
         if how == "species":
@@ -337,12 +342,7 @@ def run_bad_rank(kind: str, case: str, bad_rank: int, how: str) -> str:
 
 def count_all_reduce(kind: str, case: str) -> list[int]:
     """Rank function: ``all_reduce`` calls of three forwards (new plan, same plan, new plan)."""
-    rank = dist.get_rank()
-    model = make_model(kind)
-    batch = global_batch(case, kind)
-    owned = owned_rows(batch, boxes_of(case), rank)
-    plan = build_plan(case, kind, batch, owned)
-    padded = padded_batch(batch, owned, plan)
+    model, plan, padded = _model_and_rows(kind, case)
     calls = [0]
     original = dist.all_reduce
 

@@ -12,12 +12,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
 from nvdd.core import Batch
 from nvdd.models import EdgeList
 
 Edge = tuple[int, int, int, int, int]
+
+#: ``device`` parameters of the tests that also run on a GPU host.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def image_ranges(cell: np.ndarray, pbc: Sequence[bool], cutoff: float) -> list[range]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import pickle
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ from models_ddcases import (
     run_bad_rank,
     run_steps,
 )
-from models_testutils import ghost_layout, jittered_lattice, make_batch
+from models_testutils import DEVICES, ghost_layout, jittered_lattice, make_batch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import LennardJones, ReferenceMPNN
@@ -39,16 +38,6 @@ from nvdd.spec import (
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
 
 ATOL = 1e-10
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine's two cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------ the spec
@@ -104,6 +93,16 @@ def _self_image_run(
     return {k: v.detach().cpu() for k, v in out.items()}, layout.source, layout.n_owned
 
 
+def _assert_equals_the_periodic_model(
+    out: dict[str, torch.Tensor], source: torch.Tensor, reference: dict[str, torch.Tensor]
+) -> None:
+    """Energy, stress and the forces of every row summed into its source atom."""
+    forces = torch.zeros_like(reference["forces"]).index_add(0, source, out["forces"])
+    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
+
+
 def _mpnn_system() -> Batch:
     cell = [[4.6, 0.0, 0.0], [0.8, 4.4, 0.0], [-0.5, 0.6, 4.5]]
     pos = jittered_lattice((3, 3, 3), np.asarray(cell), 0.15, seed=21)
@@ -121,10 +120,7 @@ def test_mpnn_on_its_own_periodic_images_equals_the_periodic_model(
     model = make_model("mpnn", layers=layers)
     reference = model(full)
     out, source, n = _self_image_run(model, full, model.cutoff, device)
-    forces = torch.zeros_like(reference["forces"]).index_add(0, source, out["forces"])
-    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
-    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
-    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
+    _assert_equals_the_periodic_model(out, source, reference)
     torch.testing.assert_close(out["virial"], reference["virial"], rtol=0, atol=ATOL)
     torch.testing.assert_close(
         out["atom_energies"][:n], reference["atom_energies"], rtol=0, atol=ATOL
@@ -158,10 +154,7 @@ def test_lj_on_its_own_periodic_images_equals_the_periodic_model(mode: str, devi
     model = make_model("lj", mode=mode)
     reference = model(full)
     out, source, n = _self_image_run(model, full, model.cutoff, device)
-    forces = torch.zeros_like(reference["forces"]).index_add(0, source, out["forces"])
-    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
-    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
-    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
+    _assert_equals_the_periodic_model(out, source, reference)
     assert float(out["atom_energies"][n:].abs().max()) == 0.0  # no ghost receivers
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 from models_testutils import (
+    DEVICES,
     brute_lj,
     finite_strain_stress,
     fold,
@@ -20,18 +20,6 @@ from models_testutils import (
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import ForceMode, LennardJones, LJConfig, MixingRule
 from nvdd.testing import assert_close_by_id, run_ranks
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine's two cores are shared (and so is vesin's pool)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 MODES = [ForceMode.DIRECT, ForceMode.AUTOGRAD]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 from models_testutils import (
+    DEVICES,
     finite_difference_forces,
     finite_strain_stress,
     fold,
@@ -20,18 +20,6 @@ from models_testutils import (
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import MPNNConfig, NeighborList, ReferenceMPNN
 from nvdd.testing import assert_close_by_id
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine's two cores are shared (and so is vesin's pool)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 _CFG = MPNNConfig(cutoff=2.6, species=(1, 6, 8), hidden=8, n_basis=6, n_layers=2, seed=3)
 _TRICLINIC = np.array([[2.2, 0.0, 0.0], [0.5, 2.4, 0.0], [-0.3, 0.4, 2.3]])

@@ -4,30 +4,17 @@ from __future__ import annotations
 
 import os
 import types
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
 import vesin
-from models_testutils import brute_edges, brute_edges_batch, edge_set, jittered_lattice
+from models_testutils import DEVICES, brute_edges, brute_edges_batch, edge_set, jittered_lattice
 
 from nvdd.core import Batch, CapacityOverflowError, ConfigurationError, ValidationError
 from nvdd.models import EdgeList, NeighborList, VerletList
 from nvdd.models import _neighbors as neighbors_module
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One intra-op thread: the test machine's two cores are shared (and so is vesin's pool)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 _TRICLINIC_SMALL = np.array([[2.1, 0.0, 0.0], [0.6, 2.3, 0.0], [-0.4, 0.5, 1.9]])
 _CASES = {

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.distributed as dist
 
 CUTOFF = 2.5
 
@@ -106,3 +109,17 @@ def total_energy(
     if atom_mask is None:
         return atom_energies.sum()
     return torch.where(atom_mask, atom_energies, 0.0).sum()
+
+
+def raised_message(call: Callable[[], object], exc_type: type[Exception]) -> str:
+    """Run a collective ``call`` on this rank (inside ``run_ranks``).
+
+    Returns the message of the ``exc_type`` it raised, after a barrier (so no rank
+    is left hanging in a collective), or ``"no error"``.
+    """
+    try:
+        call()
+    except exc_type as exc:
+        dist.barrier()
+        return str(exc)
+    return "no error"

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
+from padding_toys import raised_message
 
 from nvdd.core import ConfigurationError
 from nvdd.padding import (
@@ -158,12 +159,10 @@ def test_bad_count_on_one_rank_raises_on_every_rank() -> None:
 
 def _mismatched_keys() -> str:
     key = "atoms" if dist.get_rank() == 0 else "edges"
-    try:
-        resolve_cap(key, 5, group=dist.group.WORLD, registry=CapacityRegistry())
-    except ConfigurationError as exc:
-        dist.barrier()
-        return str(exc)
-    return "no error"
+    return raised_message(
+        lambda: resolve_cap(key, 5, group=dist.group.WORLD, registry=CapacityRegistry()),
+        ConfigurationError,
+    )
 
 
 @pytest.mark.gloo

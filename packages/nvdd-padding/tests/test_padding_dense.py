@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
-from padding_toys import dense_model, dense_neighbors, random_positions, total_energy
+from padding_toys import (
+    dense_model,
+    dense_neighbors,
+    raised_message,
+    random_positions,
+    total_energy,
+)
 
-from nvdd.core import Batch, ValidationError
+from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.padding import (
     DenseBatchGraph,
     DenseBatchPadder,
@@ -166,6 +174,46 @@ def test_bad_dense_graphs_raise_validation_error(make: object, match: str) -> No
     assert len(padder.registry) == 0
 
 
+@pytest.mark.parametrize("cls", [DensePadder, DenseBatchPadder])
+def test_dense_padder_errors_name_the_class_and_the_value(cls: type) -> None:
+    kind = cls.__name__
+    settings: list[tuple[dict[str, object], str]] = [
+        ({"name": 3}, f"{kind}: name must be a non-empty str, got 3"),
+        ({"growth": True}, f"{kind}: growth must be a finite number >= 1, got True"),
+        ({"neighbor_multiple": 0}, f"{kind}: neighbor_multiple must be an int >= 1, got 0"),
+        ({"spacing": float("nan")}, f"{kind}: spacing must be a finite number > 0, got nan"),
+        (
+            {"neighbor_fill": {"w": float("nan")}},
+            "neighbor_fill['w'] must be a real number, got nan",
+        ),
+        (
+            {"positions_field": "x", "atom_fill": {"x": 1.0}},
+            f"{kind}: atom_fill names the positions field 'x', whose padding rows are always "
+            "placed far away",
+        ),
+        ({"registry": None}, f"{kind}: registry must be a CapacityRegistry, got None"),
+    ]
+    if cls is DenseBatchPadder:
+        settings += [
+            ({"system_multiple": 1.5}, f"{kind}: system_multiple must be an int >= 1, got 1.5"),
+            ({"system_fill": [1]}, "system_fill must be a mapping of field name to value, got [1]"),
+        ]
+    for kwargs, message in settings:
+        with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
+            cls(**kwargs)
+    padded, graph = (
+        ("PaddedDense", "DenseGraph")
+        if cls is DensePadder
+        else ("PaddedDenseBatch", "DenseBatchGraph")
+    )
+    with pytest.raises(
+        ValidationError, match=rf"^rank 0: {kind}\.unpad needs a {padded}, got str$"
+    ):
+        cls().unpad("x")
+    with pytest.raises(ValidationError, match=rf"^rank 0: {kind}\.pad needs a {graph}, got int$"):
+        cls().pad(7)
+
+
 # ------------------------------------------------------------------- batches (AIMNet2)
 def _batch(sizes: list[int], seed: int, dtype: torch.dtype = torch.float64) -> Batch:
     pos = torch.cat([random_positions(m, seed + s, dtype=dtype) for s, m in enumerate(sizes)])
@@ -300,12 +348,9 @@ def _one_rank_bad_batch() -> str:
     graph = _batch_graph(batch)
     if dist.get_rank() == 0:
         graph = DenseBatchGraph(graph.neighbors, graph.num_neighbors, graph.system_index, 1)
-    try:
-        DenseBatchPadder().pad(graph, group=dist.group.WORLD)
-    except ValidationError as exc:
-        dist.barrier()
-        return str(exc)
-    return "no error"
+    return raised_message(
+        lambda: DenseBatchPadder().pad(graph, group=dist.group.WORLD), ValidationError
+    )
 
 
 @pytest.mark.gloo

@@ -214,6 +214,40 @@ def test_from_dict_rejects_unknown_fields_and_types() -> None:
         MLIPSpec.from_dict(bad)
 
 
+def test_from_dict_errors_name_the_record_the_field_and_the_value() -> None:
+    d = SPEC_LJ_HALO.to_dict()
+    dist_d = d["distribution"]
+    cases = [
+        (
+            lambda: MLIPSpec.from_dict({**d, "surprise": 1, "also": 2}),
+            r"MLIPSpec\.from_dict: unknown field\(s\) \['also', 'surprise'\]",
+        ),
+        (
+            lambda: DistributionSpec.from_dict({**dist_d, "extra": 0}),
+            r"DistributionSpec: unknown field\(s\) \['extra'\]",
+        ),
+        (
+            lambda: MLIPSpec.from_dict({**d, "compile": {**d["compile"], "x": 1}}),
+            r"compile: unknown field\(s\) \['x'\] for CompilePolicy",
+        ),
+        (
+            lambda: DistributionSpec.from_dict({**dist_d, "storage": "ring"}),
+            r"DistributionSpec: bad storage 'ring'",
+        ),
+        (
+            lambda: MLIPSpec.from_dict({**d, "force_strategy": "telepathy"}),
+            r"MLIPSpec: bad force_strategy 'telepathy'",
+        ),
+    ]
+    for call, message in cases:
+        with pytest.raises(ConfigurationError, match=f"^{message}$"):
+            call()
+    # absent fields take their defaults
+    bare = DistributionSpec.from_dict({})
+    assert bare.storage is StrategyKind.HALO
+    assert MLIPSpec.from_dict({"format": d["format"]}).force_strategy is ForceStrategy.AUTOGRAD
+
+
 def test_trust_rule_imports_only_when_trusted(tmp_path: Path) -> None:
     mod = "nvdd_spec_untrusted_mod"
     (tmp_path / f"{mod}.py").write_text(

@@ -144,26 +144,38 @@ def _reverse_many_raw(route: Route, gs: Sequence[torch.Tensor]) -> list[torch.Te
     return [_fold(route, b) for b in back]
 
 
-class _Forward(torch.autograd.Function):
+def _exchange_raw(route: Route, x: torch.Tensor, forward: bool) -> torch.Tensor:
+    """:func:`forward_raw` or :func:`reverse_raw`. **Collective**."""
+    return forward_raw(route, x) if forward else reverse_raw(route, x)
+
+
+class _Exchange(torch.autograd.Function):
+    """One exchange; its backward is the adjoint exchange (the other direction)."""
+
     @staticmethod
-    def forward(ctx: Any, route: Route, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, route: Route, x: torch.Tensor, forward: bool) -> torch.Tensor:
         ctx.route = route
-        return forward_raw(route, x)
+        ctx.forward = forward
+        return _exchange_raw(route, x, forward)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, reverse_raw(ctx.route, grad.contiguous())
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None]:
+        return None, _exchange_raw(ctx.route, grad.contiguous(), not ctx.forward), None
 
 
-class _Reverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, route: Route, g: torch.Tensor) -> torch.Tensor:
-        ctx.route = route
-        return reverse_raw(route, g)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, forward_raw(ctx.route, grad.contiguous())
+def _zeros_for_missing(
+    grads: Sequence[torch.Tensor | None],
+    shapes: Sequence[tuple[tuple[int, ...], torch.dtype]],
+    n_rows: int,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """Every gradient contiguous; a missing one becomes zeros of ``(n_rows, *shape[1:])``."""
+    return [
+        torch.zeros((n_rows, *shape[1:]), dtype=dtype, device=device)
+        if g is None
+        else g.contiguous()
+        for g, (shape, dtype) in zip(grads, shapes, strict=True)
+    ]
 
 
 class _ForwardMany(torch.autograd.Function):
@@ -182,16 +194,12 @@ class _ForwardMany(torch.autograd.Function):
         floats = [k for k, (_, _, fl) in enumerate(ctx.shapes) if fl]
         result: list[torch.Tensor | None] = [None] * len(ctx.shapes)
         if floats:
-            gs = []
-            for k in floats:
-                shape, dtype, _ = ctx.shapes[k]
-                g = grads[k]
-                ghost_shape = (ctx.route.n_ghost, *shape[1:])
-                gs.append(
-                    torch.zeros(ghost_shape, dtype=dtype, device=_device(grads))
-                    if g is None
-                    else g.contiguous()
-                )
+            gs = _zeros_for_missing(
+                [grads[k] for k in floats],
+                [ctx.shapes[k][:2] for k in floats],
+                ctx.route.n_ghost,
+                _device(grads),
+            )
             for k, r in zip(floats, _reverse_many_raw(ctx.route, gs), strict=True):
                 result[k] = r
         return (None, *result)
@@ -213,24 +221,19 @@ class _ReverseMany(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        gs = [
-            torch.zeros((ctx.route.n_owned, *shape[1:]), dtype=dtype, device=_device(grads))
-            if g is None
-            else g.contiguous()
-            for g, (shape, dtype) in zip(grads, ctx.shapes, strict=True)
-        ]
+        gs = _zeros_for_missing(grads, ctx.shapes, ctx.route.n_owned, _device(grads))
         return (None, *_forward_many_raw(ctx.route, gs))
 
 
 def forward_exchange(route: Route, x: torch.Tensor) -> torch.Tensor:
     """Differentiable forward exchange (backward: :func:`reverse_exchange`)."""
-    out: torch.Tensor = _Forward.apply(route, x)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = _Exchange.apply(route, x, True)  # type: ignore[no-untyped-call]
     return out
 
 
 def reverse_exchange(route: Route, g: torch.Tensor) -> torch.Tensor:
     """Differentiable reverse exchange (backward: :func:`forward_exchange`)."""
-    out: torch.Tensor = _Reverse.apply(route, g)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = _Exchange.apply(route, g, False)  # type: ignore[no-untyped-call]
     return out
 
 

@@ -145,11 +145,22 @@ class HaloPlan:
             return f"{name} has shape {tuple(x.shape)}, expected first dimension {rows} ({what})"
         return None
 
+    def _rows_check_many(self, name: str, xs: Sequence[object], rows: int, what: str) -> str | None:
+        msg = None
+        for k, x in enumerate(xs):
+            msg = msg or self._rows_check(f"{name} input {k}", x, rows, what)
+        return msg
+
     def _raise(self, message: str | None) -> None:
         if self.sync_checks:
             raise_if_any_rank(message, self.group)
         elif message is not None:
             raise ValidationError(f"rank {self.rank}: {message}")
+
+    def _require_rows(self, name: str, x: object, rows: int, what: str) -> None:
+        """:meth:`_raise` the :meth:`_rows_check` of one input (**Collective** with
+        ``sync_checks``)."""
+        self._raise(self._rows_check(name, x, rows, what))
 
     # -- exchanges ------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +179,7 @@ class HaloPlan:
         torch.Tensor
             Shape ``(n_ghost, *f)``, on ``x``'s device.
         """
-        self._raise(self._rows_check("forward input", x, self.n_owned, "n_owned"))
+        self._require_rows("forward input", x, self.n_owned, "n_owned")
         return _exchange.forward_exchange(self._route, x)
 
     def forward_many(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -187,9 +198,7 @@ class HaloPlan:
         list of torch.Tensor
             Shapes ``(n_ghost, *f_k)``.
         """
-        msg = None
-        for k, x in enumerate(xs):
-            msg = msg or self._rows_check(f"forward_many input {k}", x, self.n_owned, "n_owned")
+        msg = self._rows_check_many("forward_many", xs, self.n_owned, "n_owned")
         if msg is None and len({x.device for x in xs}) > 1:
             msg = f"forward_many inputs are on several devices: {[str(x.device) for x in xs]}"
         self._raise(msg)
@@ -212,7 +221,7 @@ class HaloPlan:
         torch.Tensor
             Shape ``(n_owned, *f)``: zeros where an owned row has no ghost.
         """
-        self._raise(self._rows_check("reverse input", g, self.n_ghost, "n_ghost"))
+        self._require_rows("reverse input", g, self.n_ghost, "n_ghost")
         return _exchange.reverse_exchange(self._route, g)
 
     def reverse_many(self, gs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -220,10 +229,7 @@ class HaloPlan:
 
         **Collective** over ``group``. Differentiable.
         """
-        msg = None
-        for k, g in enumerate(gs):
-            msg = msg or self._rows_check(f"reverse_many input {k}", g, self.n_ghost, "n_ghost")
-        self._raise(msg)
+        self._raise(self._rows_check_many("reverse_many", gs, self.n_ghost, "n_ghost"))
         return _exchange.reverse_many(self._route, list(gs)) if gs else []
 
     def ghost_image_as(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -292,7 +298,7 @@ class HaloPlan:
         torch.Tensor
             ``cat([x[:n_owned], forward(x[:n_owned])])``.
         """
-        self._raise(self._rows_check("refresh input", x_padded, self.n_padded, "n_padded"))
+        self._require_rows("refresh input", x_padded, self.n_padded, "n_padded")
         return self.pad(self.owned(x_padded))
 
     def fold(self, x_padded: torch.Tensor) -> torch.Tensor:
@@ -311,7 +317,7 @@ class HaloPlan:
             ``cat([owned, forward(owned)])`` with
             ``owned = x[:n_owned] + reverse(x[n_owned:])``.
         """
-        self._raise(self._rows_check("fold input", x_padded, self.n_padded, "n_padded"))
+        self._require_rows("fold input", x_padded, self.n_padded, "n_padded")
         owned = self.owned(x_padded) + self.reverse(x_padded[self.n_owned :])
         return self.pad(owned)
 

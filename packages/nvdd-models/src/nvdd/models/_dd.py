@@ -1,4 +1,5 @@
-"""The models' wiring to domain decomposition (DD): rows, input checks, specs.
+"""The models' wiring to domain decomposition (DD): rows, input checks, specs, and
+the mixin both models share (:class:`HaloModelMixin`).
 
 Under a live DD context (``current_dd_context().layout is not None``) a model's
 ``forward`` runs on one rank's ``[owned | ghost]`` rows, as the runtime
@@ -26,16 +27,20 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from nvdd.core import Batch, ValidationError, raise_if_any_rank
+from nvdd.core import Batch, ModelOutputs, ValidationError, raise_if_any_rank
 from nvdd.models._checks import check_geometry, check_system_index, config_error, fail
+from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._neighbors import EdgeList
+from nvdd.models._species import check_species
+from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import DDContext, Scope, current_dd_context
-from nvdd.spec import MLIPSpec, Reduce, StrategyKind
+from nvdd.spec import BaseModelMixin, MLIPSpec, Reduce, StrategyKind
 
-__all__ = ["InputGate", "energy_scope", "halo_spec", "prepare_rows"]
+__all__ = ["HaloModelMixin", "InputGate", "energy_scope", "halo_spec", "prepare_rows"]
 
 #: Returns the first problem found (a message without the rank), or None.
 Check = Callable[[], str | None]
@@ -215,3 +220,114 @@ def prepare_rows(
     else:
         fail(message)
     return layout.n_owned, gate.generation
+
+
+class HaloModelMixin(BaseModelMixin):
+    """The DD wiring of the package's models (mix into a ``torch.nn.Module``).
+
+    A model sets :attr:`_halo_preset` and, in ``__init__``, ``self.neighbors`` (a
+    :class:`VerletList`), ``self._dd_gate`` (an :class:`InputGate`) and the
+    ``species_rows`` buffer, and defines ``atom_energies``; it gets
+    :meth:`distribution_spec`, the scope hooks, :meth:`_edges` (the first step of
+    its ``forward``) and :meth:`_outputs_by_autograd`.
+    """
+
+    #: What :meth:`distribution_spec` returns for ``StrategyKind.HALO``.
+    _halo_preset: ClassVar[MLIPSpec]
+    neighbors: VerletList
+    species_rows: torch.Tensor
+    _dd_gate: InputGate
+
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        """The model's preset for ``StrategyKind.HALO`` (or its value ``"halo"``).
+
+        What the preset promises is in the model's class docstring.
+
+        Raises
+        ------
+        ConfigurationError
+            For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
+            that is not a strategy.
+        """
+        return halo_spec(self, strategy, self._halo_preset)
+
+    def distributed_setup(self, ctx: object) -> None:
+        """Forget cached neighbours and checks when a distributed scope opens."""
+        self.neighbors.reset()
+        self._dd_gate.reset()
+
+    def distributed_teardown(self) -> None:
+        """Forget cached neighbours and checks when the distributed scope closes."""
+        self.neighbors.reset()
+        self._dd_gate.reset()
+
+    def _edges(
+        self, batch: Batch, n_receivers: int | None, shape_check: Check
+    ) -> tuple[int | None, torch.Tensor, EdgeList]:
+        """Checked inputs, the atoms' species rows and the edges of ``batch``.
+
+        ``shape_check`` is the model's own host-side check (see :func:`prepare_rows`,
+        whose data check here is the species check). **Collective** under a live DD
+        context on a new halo topology (one all-reduce of a flag over the
+        context's group); local otherwise.
+
+        Returns
+        -------
+        (n_receivers, rows, edges)
+            The receiver bound to use (``layout.n_owned`` under DD), the species
+            rows, int64 shape ``(n_atoms,)``, and the model's Verlet edges.
+        """
+        n_receivers, topology = prepare_rows(
+            self._dd_gate,
+            batch,
+            n_receivers,
+            shape_check,
+            lambda: check_species(self.species_rows, batch.atomic_numbers),
+        )
+        rows = self.species_rows.index_select(0, batch.atomic_numbers)
+        edges = self.neighbors(
+            batch.positions,
+            batch.cell,
+            batch.pbc,
+            batch.system_index,
+            atom_ids=batch.atom_ids,
+            n_receivers=n_receivers,
+            topology=topology,
+        )
+        return n_receivers, rows, edges
+
+    def atom_energies(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: EdgeList,
+    ) -> torch.Tensor:
+        """Per-atom energies, shape ``(n_atoms,)``, differentiable in ``positions``
+        and ``cell``; ``rows`` are the species rows, int64 ``(n_atoms,)``."""
+        raise NotImplementedError(f"{type(self).__name__} must define atom_energies")
+
+    def _outputs_by_autograd(
+        self,
+        batch: Batch,
+        rows: torch.Tensor,
+        edges: EdgeList,
+        n_counted: int | None,
+        *,
+        compute_stress: bool,
+        energy_scope: Scope,
+        create_graph: bool = False,
+    ) -> ModelOutputs:
+        """:func:`~nvdd.models._forces.outputs_by_autograd` of :meth:`atom_energies`
+        over ``edges`` (**Collective** as that function says)."""
+        return outputs_by_autograd(
+            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
+            batch.positions,
+            batch.cell,
+            batch.system_index,
+            n_counted=n_counted,
+            compute_stress=compute_stress,
+            create_graph=create_graph,
+            energy_scope=energy_scope,
+        )

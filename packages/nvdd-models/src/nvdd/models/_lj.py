@@ -23,16 +23,14 @@ from __future__ import annotations
 import torch
 
 from nvdd.core import Batch, ModelOutputs
-from nvdd.models._dd import InputGate, energy_scope, halo_spec, prepare_rows
-from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
 from nvdd.models._lj_config import ForceMode, LJConfig
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._reduce import system_energy, system_outer_sum
-from nvdd.models._species import check_species
 from nvdd.models._stress import stress_from_virial
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import Scope
-from nvdd.spec import SPEC_LJ_HALO, BaseModelMixin, MLIPSpec, StrategyKind
+from nvdd.spec import SPEC_LJ_HALO
 
 __all__ = ["LennardJones"]
 
@@ -40,7 +38,7 @@ __all__ = ["LennardJones"]
 _ENERGY_SCOPE: Scope = energy_scope(SPEC_LJ_HALO)
 
 
-class LennardJones(BaseModelMixin, torch.nn.Module):
+class LennardJones(HaloModelMixin, torch.nn.Module):
     """Lennard-Jones with per-species parameters, an optional energy shift and a cutoff.
 
     Runs unchanged on one process and, inside a live DD context, on one rank's
@@ -57,13 +55,22 @@ class LennardJones(BaseModelMixin, torch.nn.Module):
         The model's :class:`VerletList` (cutoff ``config.cutoff``, skin
         ``config.skin``).
 
+    Notes
+    -----
+    :meth:`distribution_spec` returns ``SPEC_LJ_HALO`` for ``StrategyKind.HALO``:
+    direct forces on every padded row (folded into owners by the runtime);
+    energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
+    atom energies exact on owned rows. Either force mode fits this spec: in
+    ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
+    positions and still returns ``forces``.
+
     Examples
     --------
     >>> model = LennardJones(LJConfig(cutoff=8.5, species={18: (0.0104, 3.40)}))
     >>> out = model(batch)  # energy, forces, atom_energies, virial, stress
     """
 
-    species_rows: torch.Tensor
+    _halo_preset = SPEC_LJ_HALO
     epsilon_table: torch.Tensor
     sigma_table: torch.Tensor
     shift_table: torch.Tensor
@@ -101,34 +108,6 @@ class LennardJones(BaseModelMixin, torch.nn.Module):
             f"{(c.epsilon, c.sigma)}, mixing={c.mixing.value}, shift_energy={c.shift_energy}, "
             f"force_mode={c.force_mode.value}, skin={c.skin}"
         )
-
-    # -------------------------------------------------------- distribution
-    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``SPEC_LJ_HALO`` for ``StrategyKind.HALO``.
-
-        Direct forces on every padded row (folded into owners by the runtime);
-        energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
-        atom energies exact on owned rows. Either force mode fits this spec: in
-        ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
-        positions and still returns ``forces``.
-
-        Raises
-        ------
-        ConfigurationError
-            For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
-            that is not a strategy.
-        """
-        return halo_spec(self, strategy, SPEC_LJ_HALO)
-
-    def distributed_setup(self, ctx: object) -> None:
-        """Forget cached neighbours and checks when a distributed scope opens."""
-        self.neighbors.reset()
-        self._dd_gate.reset()
-
-    def distributed_teardown(self) -> None:
-        """Forget cached neighbours and checks when the distributed scope closes."""
-        self.neighbors.reset()
-        self._dd_gate.reset()
 
     # ----------------------------------------------------------------- physics
     def pair_terms(
@@ -220,30 +199,13 @@ class LennardJones(BaseModelMixin, torch.nn.Module):
             every rank of the context's group (**Collective**: one all-reduce of
             a flag), so all ranks raise together; no collective otherwise.
         """
-        n_receivers, topology = prepare_rows(
-            self._dd_gate,
-            batch,
-            n_receivers,
-            lambda: None,
-            lambda: check_species(self.species_rows, batch.atomic_numbers),
-        )
-        rows = self.species_rows.index_select(0, batch.atomic_numbers)
-        edges = self.neighbors(
-            batch.positions,
-            batch.cell,
-            batch.pbc,
-            batch.system_index,
-            atom_ids=batch.atom_ids,
-            n_receivers=n_receivers,
-            topology=topology,
-        )
+        n_receivers, rows, edges = self._edges(batch, n_receivers, lambda: None)
         if self._config.force_mode is ForceMode.AUTOGRAD:
-            return outputs_by_autograd(
-                lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
-                batch.positions,
-                batch.cell,
-                batch.system_index,
-                n_counted=n_receivers,
+            return self._outputs_by_autograd(
+                batch,
+                rows,
+                edges,
+                n_receivers,
                 compute_stress=compute_stress,
                 energy_scope=_ENERGY_SCOPE,
             )

@@ -41,14 +41,13 @@ from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
-from nvdd.models._dd import InputGate, energy_scope, halo_spec, prepare_rows
-from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
-from nvdd.models._species import check_species, species_table
+from nvdd.models._species import species_table
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import Scope, ShardTensor, scatter_to_owners
-from nvdd.spec import SPEC_MPNN_HALO, BaseModelMixin, MLIPSpec, StrategyKind
+from nvdd.spec import SPEC_MPNN_HALO
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
 
@@ -133,7 +132,7 @@ class _MessageLayer(torch.nn.Module):
         return h + update
 
 
-class ReferenceMPNN(BaseModelMixin, torch.nn.Module):
+class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     """A deterministic reference message-passing network (energy, forces, stress).
 
     Runs unchanged on one process and, inside a live DD context, on one rank's
@@ -154,9 +153,18 @@ class ReferenceMPNN(BaseModelMixin, torch.nn.Module):
     ----------
     neighbors:
         The model's :class:`VerletList`.
+
+    Notes
+    -----
+    :meth:`distribution_spec` returns ``SPEC_MPNN_HALO`` for
+    ``StrategyKind.HALO``: forces by autograd with respect to the padded
+    positions (returned on every padded row, folded into owners by the runtime),
+    energy replicated on every rank, virial and stress per-rank partials, atom
+    energies exact on owned rows; aggregated messages folded and ghost rows
+    refreshed after every layer.
     """
 
-    species_rows: torch.Tensor
+    _halo_preset = SPEC_MPNN_HALO
 
     def __init__(
         self,
@@ -217,34 +225,6 @@ class ReferenceMPNN(BaseModelMixin, torch.nn.Module):
             f"cutoff={c.cutoff}, species={c.species}, hidden={c.hidden}, n_basis={c.n_basis}, "
             f"n_layers={c.n_layers}, p={c.envelope_exponent}, seed={c.seed}, skin={c.skin}"
         )
-
-    # -------------------------------------------------------- distribution
-    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``SPEC_MPNN_HALO`` for ``StrategyKind.HALO``.
-
-        Forces by autograd with respect to the padded positions (returned on
-        every padded row, folded into owners by the runtime), energy replicated
-        on every rank, virial and stress per-rank partials, atom energies exact
-        on owned rows; aggregated messages folded and ghost rows refreshed after
-        every layer.
-
-        Raises
-        ------
-        ConfigurationError
-            For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
-            that is not a strategy.
-        """
-        return halo_spec(self, strategy, SPEC_MPNN_HALO)
-
-    def distributed_setup(self, ctx: object) -> None:
-        """Forget cached neighbours and checks when a distributed scope opens."""
-        self.neighbors.reset()
-        self._dd_gate.reset()
-
-    def distributed_teardown(self) -> None:
-        """Forget cached neighbours and checks when the distributed scope closes."""
-        self.neighbors.reset()
-        self._dd_gate.reset()
 
     # ----------------------------------------------------------------- physics
     def atom_energies(
@@ -320,32 +300,17 @@ class ReferenceMPNN(BaseModelMixin, torch.nn.Module):
         the backward, all over the context's group; every rank calls it at the
         same point. No communication otherwise.
         """
-        n_receivers, topology = prepare_rows(
-            self._dd_gate,
+        n_receivers, rows, edges = self._edges(
+            batch, n_receivers, lambda: self._dtype_problem(batch)
+        )
+        return self._outputs_by_autograd(
             batch,
+            rows,
+            edges,
             n_receivers,
-            lambda: self._dtype_problem(batch),
-            lambda: check_species(self.species_rows, batch.atomic_numbers),
-        )
-        rows = self.species_rows.index_select(0, batch.atomic_numbers)
-        edges = self.neighbors(
-            batch.positions,
-            batch.cell,
-            batch.pbc,
-            batch.system_index,
-            atom_ids=batch.atom_ids,
-            n_receivers=n_receivers,
-            topology=topology,
-        )
-        return outputs_by_autograd(
-            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
-            batch.positions,
-            batch.cell,
-            batch.system_index,
-            n_counted=n_receivers,
             compute_stress=compute_stress,
-            create_graph=create_graph,
             energy_scope=_ENERGY_SCOPE,
+            create_graph=create_graph,
         )
 
     def _dtype_problem(self, batch: Batch) -> str | None:

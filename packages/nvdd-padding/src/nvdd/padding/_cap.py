@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, SupportsIndex
+from typing import TYPE_CHECKING, SupportsIndex, TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -194,6 +194,20 @@ class CapRequest:
     multiple: int
 
 
+#: What a valid growth factor is (for messages: ``f"{GROWTH_RULE}, got {value!r}"``).
+GROWTH_RULE = "growth must be a finite number >= 1"
+
+
+def is_growth(value: object) -> TypeGuard[float]:
+    """True for a finite int or float >= 1 (a bool is not a number)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 1.0
+    )
+
+
 def check_request(
     key: object, real: object, extra: object, growth: object, multiple: object
 ) -> tuple[CapRequest | None, str | None]:
@@ -210,13 +224,8 @@ def check_request(
             return None, f"{key}: {name} must be an int, got {value!r}"
         if values[name] < low:
             return None, f"{key}: {name} must be >= {low}, got {values[name]}"
-    if (
-        isinstance(growth, bool)
-        or not isinstance(growth, int | float)
-        or not math.isfinite(growth)
-        or growth < 1.0
-    ):
-        return None, f"{key}: growth must be a finite number >= 1, got {growth!r}"
+    if not is_growth(growth):
+        return None, f"{key}: {GROWTH_RULE}, got {growth!r}"
     need = values["real"] + values["extra"]
     return CapRequest(key, need, float(growth), values["multiple"]), None
 

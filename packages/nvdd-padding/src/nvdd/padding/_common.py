@@ -1,23 +1,36 @@
-"""Helpers shared by the padders: input checks, row padding, far-away positions."""
+"""Helpers shared by the padders: constructor and input checks, capacities, row padding,
+far-away positions."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from nvdd.core import ConfigurationError, ValidationError, get_rank
+from nvdd.padding._cap import GROWTH_RULE, CapacityRegistry, CapRequest, is_growth, resolve_many
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = [
+    "PaddedAtoms",
+    "PadderConfig",
     "check_fields",
     "check_index",
-    "check_padder_config",
+    "count_problem",
     "frozen_fills",
+    "init_padder",
     "pad_fields",
     "pad_rows",
+    "range_problem",
+    "require_padded",
+    "resolve_padder_caps",
     "take_rows",
+    "wrong_type",
 ]
 
 
@@ -35,22 +48,49 @@ def frozen_fills(name: str, fills: object) -> Mapping[str, float]:
     return MappingProxyType(out)
 
 
-def check_padder_config(
-    kind: str, name: object, growth: object, multiples: Mapping[str, object], spacing: object
+class PadderConfig(Protocol):
+    """The constructor values every built-in padder has (read as ``object`` to check them)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def growth(self) -> float: ...
+    @property
+    def spacing(self) -> float: ...
+    @property
+    def positions_field(self) -> str | None: ...
+    @property
+    def atom_fill(self) -> Mapping[str, float]: ...
+    @property
+    def registry(self) -> CapacityRegistry: ...
+
+
+def init_padder(
+    padder: PadderConfig, kind: str, multiples: Sequence[str], fills: Sequence[str]
 ) -> None:
-    """Raise :class:`ConfigurationError` naming the first bad constructor value."""
+    """The ``__post_init__`` of a built-in padder (a frozen dataclass named ``kind``).
+
+    Checks ``name``, ``growth``, the ``multiples`` fields (ints >= 1) and
+    ``spacing``; replaces each ``fills`` field by a read-only checked copy; checks
+    that ``atom_fill`` leaves the positions field alone and that ``registry`` is
+    a :class:`CapacityRegistry`.
+
+    Raises
+    ------
+    ConfigurationError
+        Naming ``kind`` and the first bad constructor value.
+    """
+    name: object = padder.name
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"{kind}: name must be a non-empty str, got {name!r}")
-    if (
-        isinstance(growth, bool)
-        or not isinstance(growth, int | float)
-        or not math.isfinite(growth)
-        or growth < 1.0
-    ):
-        raise ConfigurationError(f"{kind}: growth must be a finite number >= 1, got {growth!r}")
-    for field, value in multiples.items():
+    growth: object = padder.growth
+    if not is_growth(growth):
+        raise ConfigurationError(f"{kind}: {GROWTH_RULE}, got {growth!r}")
+    for field in multiples:
+        value = getattr(padder, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigurationError(f"{kind}: {field} must be an int >= 1, got {value!r}")
+    spacing: object = padder.spacing
     if (
         isinstance(spacing, bool)
         or not isinstance(spacing, int | float)
@@ -58,6 +98,72 @@ def check_padder_config(
         or spacing <= 0
     ):
         raise ConfigurationError(f"{kind}: spacing must be a finite number > 0, got {spacing!r}")
+    for attr in fills:
+        object.__setattr__(padder, attr, frozen_fills(attr, getattr(padder, attr)))
+    if padder.positions_field is not None and padder.positions_field in padder.atom_fill:
+        raise ConfigurationError(
+            f"{kind}: atom_fill names the positions field {padder.positions_field!r}, "
+            "whose padding rows are always placed far away"
+        )
+    registry: object = padder.registry
+    if not isinstance(registry, CapacityRegistry):
+        raise ConfigurationError(f"{kind}: registry must be a CapacityRegistry, got {registry!r}")
+
+
+def resolve_padder_caps(
+    padder: PadderConfig,
+    keys: Sequence[str],
+    multiples: Sequence[int],
+    needs: Callable[[], Sequence[int]],
+    group: ProcessGroup | None,
+    error: str | None,
+) -> tuple[list[int], bool]:
+    """The capacities of ``keys`` (and whether one grew) for a checked input.
+
+    ``needs()`` gives the rows each key needs; it is called only when this rank's
+    ``error`` is None (the input may be unusable otherwise).
+
+    **Collective** over ``group`` when one is given: one all-reduce (see
+    :func:`~nvdd.padding._cap.resolve_many`); every rank of ``group`` calls it
+    with the same ``keys`` in the same order. An ``error`` on any rank raises
+    :class:`ValidationError` on every rank.
+    """
+    requests = []
+    if error is None:
+        requests = [
+            CapRequest(key, need, padder.growth, multiple)
+            for key, need, multiple in zip(keys, needs(), multiples, strict=True)
+        ]
+    return resolve_many(padder.registry, requests, keys, group, error, ValidationError)
+
+
+def wrong_type(where: str, value: object, cls: type) -> str | None:
+    """``"<where> needs a <cls>, got <type>"`` unless ``value`` is a ``cls``."""
+    if isinstance(value, cls):
+        return None
+    return f"{where} needs a {cls.__name__}, got {type(value).__name__}"
+
+
+def require_padded(where: str, padded: object, cls: type) -> None:
+    """Raise :class:`ValidationError` (naming this rank) unless ``padded`` is a ``cls``."""
+    message = wrong_type(where, padded, cls)
+    if message is not None:
+        raise ValidationError(f"rank {get_rank()}: {message}")
+
+
+def count_problem(name: str, value: object) -> str | None:
+    """Why ``value`` is not an int >= 0 (a bool is not a count); None if it is."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{name} must be an int >= 0, got {value!r}"
+    return None
+
+
+def range_problem(name: str, index: torch.Tensor, n: int) -> str | None:
+    """Why the non-empty ``index`` has values outside ``[0, n)`` (one host sync)."""
+    lo, hi = torch.stack([index.min(), index.max()]).tolist()
+    if lo < 0 or hi >= n:
+        return f"{name} must lie in [0, {n}), found min {lo} and max {hi}"
+    return None
 
 
 def check_index(
@@ -153,6 +259,27 @@ def pad_fields(
         else:
             out[key] = pad_rows(value, cap, fills.get(key, 0))
     return out
+
+
+class PaddedAtoms:
+    """The per-atom part of :class:`~nvdd.padding.PaddedGraph` that every built-in
+    padded graph shares (a mixin: the frozen dataclasses declare the fields)."""
+
+    atom_mask: torch.Tensor
+    n_atoms: int
+
+    @property
+    def atom_cap(self) -> int:
+        """The padded atom count."""
+        return int(self.atom_mask.shape[0])
+
+    def real_atoms(self, x: torch.Tensor) -> torch.Tensor:
+        """The real rows of a per-atom tensor: ``(atom_cap, ...)`` to ``(n_atoms, ...)``.
+
+        Raises :class:`~nvdd.core.ValidationError` on a first dimension other than
+        ``atom_cap``.
+        """
+        return take_rows(x, self.n_atoms, self.atom_cap, "atom")
 
 
 def take_rows(x: torch.Tensor, n: int, cap: int, what: str) -> torch.Tensor:

@@ -8,21 +8,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nvdd.core import ConfigurationError, ValidationError, get_rank
-from nvdd.padding._cap import (
-    DEFAULT_GROWTH,
-    DEFAULT_MULTIPLE,
-    CapacityRegistry,
-    CapRequest,
-    resolve_many,
-)
+from nvdd.padding._cap import DEFAULT_GROWTH, DEFAULT_MULTIPLE, CapacityRegistry
 from nvdd.padding._common import (
+    PaddedAtoms,
     check_fields,
     check_index,
-    check_padder_config,
-    frozen_fills,
+    count_problem,
+    init_padder,
     pad_fields,
+    range_problem,
+    require_padded,
+    resolve_padder_caps,
     take_rows,
+    wrong_type,
 )
 
 if TYPE_CHECKING:
@@ -65,7 +63,7 @@ class COOGraph:
 
 
 @dataclass(frozen=True, eq=False)
-class PaddedCOO:
+class PaddedCOO(PaddedAtoms):
     """A COO graph padded to fixed capacities (see the padding rule in
     :class:`~nvdd.padding.GraphPadder`).
 
@@ -100,11 +98,6 @@ class PaddedCOO:
     grew: bool
 
     @property
-    def atom_cap(self) -> int:
-        """The padded atom count."""
-        return int(self.atom_mask.shape[0])
-
-    @property
     def edge_cap(self) -> int:
         """The padded edge count."""
         return int(self.edge_mask.shape[0])
@@ -113,14 +106,6 @@ class PaddedCOO:
     def padding_atom(self) -> int:
         """The row every padded edge points at (``atom_cap - 1``)."""
         return self.atom_cap - 1
-
-    def real_atoms(self, x: torch.Tensor) -> torch.Tensor:
-        """The real rows of a per-atom tensor: ``(atom_cap, ...)`` to ``(n_atoms, ...)``.
-
-        Raises :class:`~nvdd.core.ValidationError` on a first dimension other than
-        ``atom_cap``.
-        """
-        return take_rows(x, self.n_atoms, self.atom_cap, "atom")
 
     def real_edges(self, x: torch.Tensor) -> torch.Tensor:
         """The real rows of a per-edge tensor: ``(edge_cap, ...)`` to ``(n_edges, ...)``."""
@@ -178,24 +163,9 @@ class COOPadder:
     registry: CapacityRegistry = field(default_factory=CapacityRegistry)
 
     def __post_init__(self) -> None:
-        check_padder_config(
-            "COOPadder",
-            self.name,
-            self.growth,
-            {"atom_multiple": self.atom_multiple, "edge_multiple": self.edge_multiple},
-            self.spacing,
+        init_padder(
+            self, "COOPadder", ("atom_multiple", "edge_multiple"), ("atom_fill", "edge_fill")
         )
-        object.__setattr__(self, "atom_fill", frozen_fills("atom_fill", self.atom_fill))
-        object.__setattr__(self, "edge_fill", frozen_fills("edge_fill", self.edge_fill))
-        if self.positions_field is not None and self.positions_field in self.atom_fill:
-            raise ConfigurationError(
-                f"COOPadder: atom_fill names the positions field {self.positions_field!r}, "
-                "whose padding rows are always placed far away"
-            )
-        if not isinstance(self.registry, CapacityRegistry):
-            raise ConfigurationError(
-                f"COOPadder: registry must be a CapacityRegistry, got {self.registry!r}"
-            )
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -204,11 +174,9 @@ class COOPadder:
 
     def _check(self, graph: object) -> str | None:
         if not isinstance(graph, COOGraph):
-            return f"COOPadder.pad needs a COOGraph, got {type(graph).__name__}"
+            return wrong_type("COOPadder.pad", graph, COOGraph)
         n = graph.n_atoms
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            return f"n_atoms must be an int >= 0, got {n!r}"
-        msg = check_index("edge_index", graph.edge_index, (2, None))
+        msg = count_problem("n_atoms", n) or check_index("edge_index", graph.edge_index, (2, None))
         if msg is not None:
             return msg
         device, n_edges = graph.edge_index.device, graph.n_edges
@@ -216,9 +184,7 @@ class COOPadder:
         if msg is None:
             msg = check_fields("edge_fields", graph.edge_fields, (n_edges,), device)
         if msg is None and self.check_indices and n_edges > 0:
-            lo, hi = torch.stack([graph.edge_index.min(), graph.edge_index.max()]).tolist()
-            if lo < 0 or hi >= n:
-                msg = f"edge_index values must lie in [0, {n}), found min {lo} and max {hi}"
+            msg = range_problem("edge_index values", graph.edge_index, n)
         return msg
 
     def pad(self, graph: COOGraph, *, group: ProcessGroup | None = None) -> PaddedCOO:
@@ -250,17 +216,13 @@ class COOPadder:
             rank, the field and the value.
         """
         error = self._check(graph)
-        atom_key, edge_key = self.keys
-        requests = []
-        if error is None:
-            requests = [
-                CapRequest(
-                    atom_key, graph.n_atoms + _RESERVED_ATOMS, self.growth, self.atom_multiple
-                ),
-                CapRequest(edge_key, graph.n_edges, self.growth, self.edge_multiple),
-            ]
-        (atom_cap, edge_cap), grew = resolve_many(
-            self.registry, requests, [atom_key, edge_key], group, error, ValidationError
+        (atom_cap, edge_cap), grew = resolve_padder_caps(
+            self,
+            self.keys,
+            (self.atom_multiple, self.edge_multiple),
+            lambda: (graph.n_atoms + _RESERVED_ATOMS, graph.n_edges),
+            group,
+            error,
         )
         ei = graph.edge_index
         n, n_edges = graph.n_atoms, graph.n_edges
@@ -287,10 +249,7 @@ class COOPadder:
         Raises :class:`~nvdd.core.ValidationError` if ``padded`` is not a
         :class:`PaddedCOO`.
         """
-        if not isinstance(padded, PaddedCOO):
-            raise ValidationError(
-                f"rank {get_rank()}: COOPadder.unpad needs a PaddedCOO, got {type(padded).__name__}"
-            )
+        require_padded("COOPadder.unpad", padded, PaddedCOO)
         n, n_edges = padded.n_atoms, padded.n_edges
         return COOGraph(
             edge_index=padded.edge_index[:, :n_edges],

@@ -16,22 +16,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nvdd.core import ConfigurationError, ValidationError, get_rank
-from nvdd.padding._cap import (
-    DEFAULT_GROWTH,
-    DEFAULT_MULTIPLE,
-    CapacityRegistry,
-    CapRequest,
-    resolve_many,
-)
+from nvdd.core import ValidationError, get_rank
+from nvdd.padding._cap import DEFAULT_GROWTH, DEFAULT_MULTIPLE, CapacityRegistry
 from nvdd.padding._common import (
+    PaddedAtoms,
     check_fields,
     check_index,
-    check_padder_config,
-    frozen_fills,
+    init_padder,
     pad_fields,
     pad_rows,
+    require_padded,
+    resolve_padder_caps,
     take_rows,
+    wrong_type,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DenseGraph",
     "DensePadder",
+    "NeighborMatrix",
     "PaddedDense",
     "check_dense",
     "pad_dense",
@@ -47,8 +45,32 @@ __all__ = [
 ]
 
 
+class NeighborMatrix:
+    """What the dense graphs of one and of several systems share (a mixin).
+
+    The frozen dataclasses that mix it in declare these fields; the padding
+    functions below read only them.
+    """
+
+    neighbors: torch.Tensor
+    num_neighbors: torch.Tensor
+    atom_fields: Mapping[str, torch.Tensor]
+    neighbor_fields: Mapping[str, torch.Tensor]
+    fill_value: int | None
+
+    @property
+    def n_atoms(self) -> int:
+        """Rows of ``neighbors``."""
+        return int(self.neighbors.shape[0])
+
+    @property
+    def max_neighbors(self) -> int:
+        """Columns of ``neighbors``."""
+        return int(self.neighbors.shape[1])
+
+
 @dataclass(frozen=True, eq=False)
-class DenseGraph:
+class DenseGraph(NeighborMatrix):
     """A dense neighbour-matrix graph, unpadded.
 
     Attributes
@@ -75,19 +97,9 @@ class DenseGraph:
     neighbor_fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_value: int | None = None
 
-    @property
-    def n_atoms(self) -> int:
-        """Rows of ``neighbors``."""
-        return int(self.neighbors.shape[0])
-
-    @property
-    def max_neighbors(self) -> int:
-        """Columns of ``neighbors``."""
-        return int(self.neighbors.shape[1])
-
 
 @dataclass(frozen=True, eq=False)
-class PaddedDense:
+class PaddedDense(PaddedAtoms):
     """A dense neighbour-matrix graph padded to fixed capacities.
 
     Attributes
@@ -128,11 +140,6 @@ class PaddedDense:
     grew: bool
 
     @property
-    def atom_cap(self) -> int:
-        """The padded atom count."""
-        return int(self.atom_mask.shape[0])
-
-    @property
     def neighbor_cap(self) -> int:
         """The padded number of neighbour slots per row."""
         return int(self.neighbor_mask.shape[1])
@@ -141,10 +148,6 @@ class PaddedDense:
     def fill_value(self) -> int:
         """What every non-real slot of :attr:`neighbors` holds: ``atom_cap - 1``."""
         return self.atom_cap - 1
-
-    def real_atoms(self, x: torch.Tensor) -> torch.Tensor:
-        """The real rows of a per-atom tensor: ``(atom_cap, ...)`` to ``(n_atoms, ...)``."""
-        return take_rows(x, self.n_atoms, self.atom_cap, "atom")
 
     def real_neighbors(self, x: torch.Tensor) -> torch.Tensor:
         """The unpadded block of a per-slot tensor: shape
@@ -159,15 +162,13 @@ class PaddedDense:
 
 
 def check_dense(
-    neighbors: object,
-    num_neighbors: object,
-    fill_value: object,
-    atom_fields: object,
-    neighbor_fields: object,
-    positions_field: str | None,
-    check_indices: bool,
+    graph: NeighborMatrix, positions_field: str | None, check_indices: bool
 ) -> str | None:
     """Describe what is wrong with the parts of a dense graph (None if nothing)."""
+    # Read as objects: a graph is built without checks, so any field may hold anything.
+    neighbors: object = graph.neighbors
+    num_neighbors: object = graph.num_neighbors
+    fill_value: object = graph.fill_value
     msg = check_index("neighbors", neighbors, (None, None))
     if msg is not None or not isinstance(neighbors, torch.Tensor):
         return msg
@@ -178,9 +179,9 @@ def check_dense(
         return msg
     if fill_value is not None and (isinstance(fill_value, bool) or not isinstance(fill_value, int)):
         return f"fill_value must be an int or None, got {fill_value!r}"
-    msg = check_fields("atom_fields", atom_fields, (n,), device, positions_field)
+    msg = check_fields("atom_fields", graph.atom_fields, (n,), device, positions_field)
     if msg is None:
-        msg = check_fields("neighbor_fields", neighbor_fields, (n, k), device)
+        msg = check_fields("neighbor_fields", graph.neighbor_fields, (n, k), device)
     if msg is not None or not check_indices or n == 0:
         return msg
     real = torch.arange(k, device=device) < num_neighbors[:, None]
@@ -204,7 +205,7 @@ def check_dense(
 
 
 def pad_dense(
-    graph: DenseGraph,
+    graph: NeighborMatrix,
     atom_cap: int,
     neighbor_cap: int,
     *,
@@ -296,24 +297,12 @@ class DensePadder:
     registry: CapacityRegistry = field(default_factory=CapacityRegistry)
 
     def __post_init__(self) -> None:
-        check_padder_config(
+        init_padder(
+            self,
             "DensePadder",
-            self.name,
-            self.growth,
-            {"atom_multiple": self.atom_multiple, "neighbor_multiple": self.neighbor_multiple},
-            self.spacing,
+            ("atom_multiple", "neighbor_multiple"),
+            ("atom_fill", "neighbor_fill"),
         )
-        object.__setattr__(self, "atom_fill", frozen_fills("atom_fill", self.atom_fill))
-        object.__setattr__(self, "neighbor_fill", frozen_fills("neighbor_fill", self.neighbor_fill))
-        if self.positions_field is not None and self.positions_field in self.atom_fill:
-            raise ConfigurationError(
-                f"DensePadder: atom_fill names the positions field {self.positions_field!r}, "
-                "whose padding rows are always placed far away"
-            )
-        if not isinstance(self.registry, CapacityRegistry):
-            raise ConfigurationError(
-                f"DensePadder: registry must be a CapacityRegistry, got {self.registry!r}"
-            )
 
     @property
     def keys(self) -> tuple[str, str]:
@@ -339,27 +328,16 @@ class DensePadder:
             On every rank of ``group`` when any rank's graph is malformed; the
             message names the rank, the field and the value.
         """
-        if isinstance(graph, DenseGraph):
-            error = check_dense(
-                graph.neighbors,
-                graph.num_neighbors,
-                graph.fill_value,
-                graph.atom_fields,
-                graph.neighbor_fields,
-                self.positions_field,
-                self.check_indices,
-            )
-        else:
-            error = f"DensePadder.pad needs a DenseGraph, got {type(graph).__name__}"
-        atom_key, nbr_key = self.keys
-        requests = []
+        error = wrong_type("DensePadder.pad", graph, DenseGraph)
         if error is None:
-            requests = [
-                CapRequest(atom_key, graph.n_atoms + 1, self.growth, self.atom_multiple),
-                CapRequest(nbr_key, graph.max_neighbors, self.growth, self.neighbor_multiple),
-            ]
-        (atom_cap, neighbor_cap), grew = resolve_many(
-            self.registry, requests, [atom_key, nbr_key], group, error, ValidationError
+            error = check_dense(graph, self.positions_field, self.check_indices)
+        (atom_cap, neighbor_cap), grew = resolve_padder_caps(
+            self,
+            self.keys,
+            (self.atom_multiple, self.neighbor_multiple),
+            lambda: (graph.n_atoms + 1, graph.max_neighbors),
+            group,
+            error,
         )
         return pad_dense(
             graph,
@@ -378,9 +356,5 @@ class DensePadder:
         Local, no communication. Raises :class:`~nvdd.core.ValidationError` if
         ``padded`` is not a :class:`PaddedDense`.
         """
-        if not isinstance(padded, PaddedDense):
-            raise ValidationError(
-                f"rank {get_rank()}: DensePadder.unpad needs a PaddedDense, "
-                f"got {type(padded).__name__}"
-            )
+        require_padded("DensePadder.unpad", padded, PaddedDense)
         return unpad_dense(padded)

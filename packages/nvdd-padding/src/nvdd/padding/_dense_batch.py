@@ -15,24 +15,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ValidationError, get_rank
-from nvdd.padding._cap import (
-    DEFAULT_GROWTH,
-    DEFAULT_MULTIPLE,
-    CapacityRegistry,
-    CapRequest,
-    resolve_many,
-)
+from nvdd.core import Batch
+from nvdd.padding._cap import DEFAULT_GROWTH, DEFAULT_MULTIPLE, CapacityRegistry
 from nvdd.padding._common import (
     check_fields,
     check_index,
-    check_padder_config,
-    frozen_fills,
+    count_problem,
+    init_padder,
     pad_fields,
     pad_rows,
+    range_problem,
+    require_padded,
+    resolve_padder_caps,
     take_rows,
+    wrong_type,
 )
-from nvdd.padding._dense import DenseGraph, PaddedDense, check_dense, pad_dense, unpad_dense
+from nvdd.padding._dense import NeighborMatrix, PaddedDense, check_dense, pad_dense, unpad_dense
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -44,7 +42,7 @@ _DENSE_FIELDS = tuple(f.name for f in dataclasses.fields(PaddedDense))
 
 
 @dataclass(frozen=True, eq=False)
-class DenseBatchGraph:
+class DenseBatchGraph(NeighborMatrix):
     """Dense neighbour matrix of a batch of systems, unpadded.
 
     Attributes
@@ -68,16 +66,6 @@ class DenseBatchGraph:
     neighbor_fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
     system_fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
     fill_value: int | None = None
-
-    @property
-    def n_atoms(self) -> int:
-        """Rows of ``neighbors``."""
-        return int(self.neighbors.shape[0])
-
-    @property
-    def max_neighbors(self) -> int:
-        """Columns of ``neighbors``."""
-        return int(self.neighbors.shape[1])
 
     @classmethod
     def from_batch(
@@ -156,31 +144,23 @@ class PaddedDenseBatch(PaddedDense):
 
 def _check_batch(graph: object, positions_field: str | None, check_indices: bool) -> str | None:
     if not isinstance(graph, DenseBatchGraph):
-        return f"DenseBatchPadder.pad needs a DenseBatchGraph, got {type(graph).__name__}"
-    msg = check_dense(
-        graph.neighbors,
-        graph.num_neighbors,
-        graph.fill_value,
-        graph.atom_fields,
-        graph.neighbor_fields,
-        positions_field,
-        check_indices,
-    )
+        return wrong_type("DenseBatchPadder.pad", graph, DenseBatchGraph)
+    msg = check_dense(graph, positions_field, check_indices)
     if msg is not None:
         return msg
     n, device = graph.n_atoms, graph.neighbors.device
     s = graph.n_systems
-    if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-        return f"n_systems must be an int >= 0, got {s!r}"
-    msg = check_index("system_index", graph.system_index, (n,), device)
+    msg = count_problem("n_systems", s) or check_index(
+        "system_index", graph.system_index, (n,), device
+    )
     if msg is None:
         msg = check_fields("system_fields", graph.system_fields, (s,), device)
     if msg is not None or not check_indices or n == 0:
         return msg
     sys_i = graph.system_index
-    lo, hi = torch.stack([sys_i.min(), sys_i.max()]).tolist()
-    if lo < 0 or hi >= s:
-        return f"system_index must lie in [0, {s}), found min {lo} and max {hi}"
+    msg = range_problem("system_index", sys_i, s)
+    if msg is not None:
+        return msg
     real = torch.arange(graph.max_neighbors, device=device) < graph.num_neighbors[:, None]
     rows = torch.arange(n, device=device)[:, None]
     partner = sys_i[torch.where(real, graph.neighbors, rows)]
@@ -241,28 +221,12 @@ class DenseBatchPadder:
     registry: CapacityRegistry = field(default_factory=CapacityRegistry)
 
     def __post_init__(self) -> None:
-        check_padder_config(
+        init_padder(
+            self,
             "DenseBatchPadder",
-            self.name,
-            self.growth,
-            {
-                "atom_multiple": self.atom_multiple,
-                "neighbor_multiple": self.neighbor_multiple,
-                "system_multiple": self.system_multiple,
-            },
-            self.spacing,
+            ("atom_multiple", "neighbor_multiple", "system_multiple"),
+            ("atom_fill", "neighbor_fill", "system_fill"),
         )
-        for attr in ("atom_fill", "neighbor_fill", "system_fill"):
-            object.__setattr__(self, attr, frozen_fills(attr, getattr(self, attr)))
-        if self.positions_field is not None and self.positions_field in self.atom_fill:
-            raise ConfigurationError(
-                f"DenseBatchPadder: atom_fill names the positions field "
-                f"{self.positions_field!r}, whose padding rows are always placed far away"
-            )
-        if not isinstance(self.registry, CapacityRegistry):
-            raise ConfigurationError(
-                f"DenseBatchPadder: registry must be a CapacityRegistry, got {self.registry!r}"
-            )
 
     @property
     def keys(self) -> tuple[str, str, str]:
@@ -290,26 +254,16 @@ class DenseBatchPadder:
             message names the rank, the field and the value.
         """
         error = _check_batch(graph, self.positions_field, self.check_indices)
-        keys = self.keys
-        requests = []
-        if error is None:
-            needs = (graph.n_atoms + 1, graph.max_neighbors, graph.n_systems + 1)
-            multiples = (self.atom_multiple, self.neighbor_multiple, self.system_multiple)
-            requests = [
-                CapRequest(key, need, self.growth, multiple)
-                for key, need, multiple in zip(keys, needs, multiples, strict=True)
-            ]
-        (atom_cap, neighbor_cap, system_cap), grew = resolve_many(
-            self.registry, requests, keys, group, error, ValidationError
+        (atom_cap, neighbor_cap, system_cap), grew = resolve_padder_caps(
+            self,
+            self.keys,
+            (self.atom_multiple, self.neighbor_multiple, self.system_multiple),
+            lambda: (graph.n_atoms + 1, graph.max_neighbors, graph.n_systems + 1),
+            group,
+            error,
         )
         dense = pad_dense(
-            DenseGraph(
-                graph.neighbors,
-                graph.num_neighbors,
-                graph.atom_fields,
-                graph.neighbor_fields,
-                graph.fill_value,
-            ),
+            graph,
             atom_cap,
             neighbor_cap,
             atom_fill=self.atom_fill,
@@ -332,11 +286,7 @@ class DenseBatchPadder:
         Local, no communication. Raises :class:`~nvdd.core.ValidationError` if
         ``padded`` is not a :class:`PaddedDenseBatch`.
         """
-        if not isinstance(padded, PaddedDenseBatch):
-            raise ValidationError(
-                f"rank {get_rank()}: DenseBatchPadder.unpad needs a PaddedDenseBatch, "
-                f"got {type(padded).__name__}"
-            )
+        require_padded("DenseBatchPadder.unpad", padded, PaddedDenseBatch)
         dense = unpad_dense(padded)
         s = padded.n_systems
         return DenseBatchGraph(

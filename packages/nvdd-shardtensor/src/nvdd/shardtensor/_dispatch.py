@@ -38,6 +38,7 @@ from nvdd.shardtensor._rules import (
     norm_dim,
     plain,
     rewrap,
+    run_inplace,
     run_plain,
 )
 from nvdd.shardtensor._scatter import SCATTER_HANDLERS
@@ -106,21 +107,18 @@ def _inplace(
     kwargs: dict[str, Any],
 ) -> Any:
     """Value-changing in-place op: act on a plain alias, return the ShardTensor itself."""
-    if args and isinstance(args[0], cls):
-        dest = args[0]
-        run_plain(func, (plain(dest), *args[1:]), kwargs)
-        return dest
-    return run_plain(func, args, kwargs)
+    return run_inplace(cls, func, args, kwargs)
 
 
-def _nowrap(
+def _plain_result(
     cls: type[torch.Tensor],
     layout: HaloLayout | None,
     func: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """Results returned as they are (``.grad``, ``._base``, ``as_subclass``)."""
+    """Run on plain tensors and return the result as it is, never rewrapped:
+    ``.grad``, ``._base``, ``as_subclass`` and the row-mixing operations."""
     return run_plain(func, args, kwargs)
 
 
@@ -172,16 +170,6 @@ def _gather_rule(names: tuple[str, ...], defaults: dict[str, Any]) -> Handler:
     return handler
 
 
-def _plain_result(
-    cls: type[torch.Tensor],
-    layout: HaloLayout | None,
-    func: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    return run_plain(func, args, kwargs)
-
-
 _ROW_MIXING: tuple[str, ...] = (
     "sort",
     "argsort",
@@ -214,8 +202,8 @@ def _table() -> dict[Callable[..., Any], Handler]:
                 table[getattr(owner, name)] = _inplace
     table.update(SCATTER_HANDLERS)
     for func in torch.overrides.get_default_nowrap_functions():
-        table[func] = _nowrap
-    table[torch.Tensor.as_subclass] = _nowrap
+        table[func] = _plain_result
+    table[torch.Tensor.as_subclass] = _plain_result
     for func in (torch.Tensor.index_select, torch.index_select, torch.Tensor.gather, torch.gather):
         table[func] = _gather_rule(("input", "dim", "index"), {})
     table[torch.Tensor.__getitem__] = _gather_rule(("input", "key"), {})

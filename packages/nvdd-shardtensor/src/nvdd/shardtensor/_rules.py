@@ -26,6 +26,7 @@ __all__ = [
     "norm_dim",
     "plain",
     "rewrap",
+    "run_inplace",
     "run_plain",
     "wrap",
 ]
@@ -97,20 +98,20 @@ def find_layout(
     values = (*args, *kwargs.values()) if kwargs else args
     for value in values:
         if isinstance(value, cls):
-            layout = layout_of(value)
-            if found is None:
-                found = layout
-            elif layout is not found:
-                raise _mismatch(func, found, layout)
+            found = _same_layout(func, found, value)
         elif isinstance(value, _SEQUENCES):
             for item in value:
                 if isinstance(item, cls):
-                    layout = layout_of(item)
-                    if found is None:
-                        found = layout
-                    elif layout is not found:
-                        raise _mismatch(func, found, layout)
+                    found = _same_layout(func, found, item)
     return found
+
+
+def _same_layout(func: Callable[..., Any], found: HaloLayout | None, x: torch.Tensor) -> HaloLayout:
+    """``x``'s layout, which must be ``found`` unless nothing was found yet."""
+    layout = layout_of(x)
+    if found is not None and layout is not found:
+        raise _mismatch(func, found, layout)
+    return layout
 
 
 def rewrap(cls: type[torch.Tensor], out: Any, layout: HaloLayout) -> Any:
@@ -133,6 +134,24 @@ def run_plain(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     """``func(*args, **kwargs)`` with every ShardTensor seen as a plain tensor."""
     with DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def run_inplace(
+    cls: type[torch.Tensor],
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A value-changing in-place ``func`` whose destination is ``args[0]``.
+
+    A ``cls`` destination is written through a plain alias of its storage and
+    returned itself; any other call is :func:`run_plain`.
+    """
+    if args and isinstance(args[0], cls):
+        dest = args[0]
+        run_plain(func, (plain(dest), *args[1:]), kwargs)
+        return dest
+    return run_plain(func, args, kwargs)
 
 
 def bind(

@@ -27,7 +27,16 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from nvdd.shardtensor._protocol import HaloLayout
-from nvdd.shardtensor._rules import Handler, bind, layout_of, norm_dim, plain, rewrap, run_plain
+from nvdd.shardtensor._rules import (
+    Handler,
+    bind,
+    layout_of,
+    norm_dim,
+    plain,
+    rewrap,
+    run_inplace,
+    run_plain,
+)
 from nvdd.shardtensor._rules import wrap as wrap_as
 
 __all__ = ["SCATTER_HANDLERS"]
@@ -42,12 +51,10 @@ def _default(
     inplace: bool,
 ) -> Any:
     """Not a row scatter into a ShardTensor: run on plain tensors, rewrap."""
-    if inplace and args and isinstance(args[0], cls):
-        dest = args[0]
-        run_plain(func, (plain(dest), *args[1:]), kwargs)
-        return dest
+    if inplace:
+        return run_inplace(cls, func, args, kwargs)
     out = run_plain(func, args, kwargs)
-    return out if layout is None or inplace else rewrap(cls, out, layout)
+    return out if layout is None else rewrap(cls, out, layout)
 
 
 def _finish(
@@ -57,16 +64,14 @@ def _finish(
     inplace: bool,
     out: torch.Tensor | None,
 ) -> Any:
-    """Write ``new_local`` into ``dest`` (in place) or return it as a new ShardTensor."""
-    if inplace:
-        with DisableTorchFunctionSubclass():
-            plain(dest).copy_(new_local)
-        return dest
-    if out is not None:
-        with DisableTorchFunctionSubclass():
-            plain(out).copy_(new_local)
-        return out
-    return wrap_as(cls, new_local, layout_of(dest))
+    """Write ``new_local`` into ``dest`` (in place) or ``out``, or return it as a new
+    ShardTensor."""
+    target = dest if inplace else out
+    if target is None:
+        return wrap_as(cls, new_local, layout_of(dest))
+    with DisableTorchFunctionSubclass():
+        plain(target).copy_(new_local)
+    return target
 
 
 def _add_folded(

@@ -27,8 +27,10 @@ from nvdd.spec._types import (
     OutputSpec,
     StrategyKind,
     StrategyOptions,
+    enum_field,
     record_from_dict,
     record_to_dict,
+    reject_unknown_fields,
 )
 
 __all__ = ["FORMAT", "DistributionSpec", "MLIPSpec"]
@@ -120,16 +122,8 @@ class DistributionSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, trust: bool = False) -> DistributionSpec:
         """Inverse of :meth:`to_dict`; named callables import modules only with ``trust``."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigurationError(f"DistributionSpec: unknown field(s) {unknown}")
-        try:
-            storage = StrategyKind(data.get("storage", StrategyKind.HALO.value))
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"DistributionSpec: bad storage {data.get('storage')!r}"
-            ) from exc
+        reject_unknown_fields(data, (f.name for f in fields(cls)), "DistributionSpec")
+        storage = enum_field(StrategyKind, data, "storage", StrategyKind.HALO, "DistributionSpec")
         return cls(
             storage=storage,
             custom_ops=tuple(adapter_from_dict(a, trust=trust) for a in data.get("custom_ops", [])),
@@ -269,7 +263,7 @@ class MLIPSpec:
             raise ConfigurationError(
                 f"MLIPSpec.from_dict: expected format {FORMAT!r}, got {data.get('format')!r}"
             )
-        known = {
+        known = (
             "format",
             "name",
             "outputs",
@@ -277,16 +271,11 @@ class MLIPSpec:
             "compile",
             "force_strategy",
             "options",
-        }
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigurationError(f"MLIPSpec.from_dict: unknown field(s) {unknown}")
-        try:
-            force = ForceStrategy(data.get("force_strategy", ForceStrategy.AUTOGRAD.value))
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"MLIPSpec: bad force_strategy {data.get('force_strategy')!r}"
-            ) from exc
+        )
+        reject_unknown_fields(data, known, "MLIPSpec.from_dict")
+        force = enum_field(
+            ForceStrategy, data, "force_strategy", ForceStrategy.AUTOGRAD, "MLIPSpec"
+        )
         return cls(
             outputs={
                 k: record_from_dict(OutputSpec, dict(v), f"outputs[{k!r}]")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from nvdd.core import ConfigurationError
 
@@ -231,12 +232,34 @@ def record_to_dict(obj: Any) -> dict[str, Any]:
     return out
 
 
-def record_from_dict(cls: type[Any], data: dict[str, Any], where: str) -> Any:
-    """Rebuild a frozen record from :func:`record_to_dict`'s output."""
-    known = {f.name: f for f in fields(cls)}
+E = TypeVar("E", bound=enum.Enum)
+
+
+def reject_unknown_fields(
+    data: Mapping[str, Any], known: Iterable[str], where: str, suffix: str = ""
+) -> None:
+    """Raise :class:`ConfigurationError` naming ``where`` and every key of ``data``
+    not in ``known`` (sorted), followed by ``suffix``."""
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigurationError(f"{where}: unknown field(s) {unknown} for {cls.__name__}")
+        raise ConfigurationError(f"{where}: unknown field(s) {unknown}{suffix}")
+
+
+def enum_field(etype: type[E], data: Mapping[str, Any], key: str, default: E, where: str) -> E:
+    """``etype(data[key])``, or ``default`` when ``data`` has no ``key``.
+
+    Raises :class:`ConfigurationError` (``"<where>: bad <key> <value>"``) for a value
+    that is not one of ``etype``'s.
+    """
+    try:
+        return etype(data.get(key, default.value))
+    except ValueError as exc:
+        raise ConfigurationError(f"{where}: bad {key} {data.get(key)!r}") from exc
+
+
+def record_from_dict(cls: type[Any], data: dict[str, Any], where: str) -> Any:
+    """Rebuild a frozen record from :func:`record_to_dict`'s output."""
+    reject_unknown_fields(data, (f.name for f in fields(cls)), where, f" for {cls.__name__}")
     kwargs: dict[str, Any] = {}
     enum_types = {
         "kind": OutputKind,
