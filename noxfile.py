@@ -8,7 +8,8 @@ is written twice. Sessions:
 - ``tests``       per package: that package's sibling closure + its test group only
 - ``typecheck``   per package: mypy --strict in that package's closure
 - ``integration`` integration_tests/ over gloo with everything installed
-- ``ci``          the README's test command: all of the above
+- ``check``       per package: typecheck then tests in one environment (used by ``ci``)
+- ``ci``          the README's test command: deps, lint, check of every package, integration
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
 - ``multigpu``    the integration suite over NCCL on >= 2 GPUs (fails with fewer)
@@ -171,13 +172,31 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+def _run_tests(session: nox.Session, package: str, posargs: list[str]) -> None:
+    tests_dir = PACKAGES[package]["path"] / "tests"  # type: ignore[operator]
+    session.run("pytest", "-q", str(tests_dir), *posargs)
+
+
+def _run_mypy(session: nox.Session, package: str, posargs: list[str]) -> None:
+    src = PACKAGES[package]["path"] / "src"  # type: ignore[operator]
+    leaf = next(src.glob("*/*/__about__.py")).parent.relative_to(src)
+    with session.chdir(src):
+        session.run(
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "-p",
+            ".".join(leaf.parts),
+            *posargs,
+        )
+
+
 @nox.session(venv_params=VENV_PARAMS)
 @nox.parametrize("package", TESTED, ids=TESTED)
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests with only its sibling closure and test group installed."""
     _install(session, [package])
-    tests_dir = PACKAGES[package]["path"] / "tests"  # type: ignore[operator]
-    session.run("pytest", "-q", str(tests_dir), *session.posargs)
+    _run_tests(session, package, session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -185,17 +204,17 @@ def tests(session: nox.Session, package: str) -> None:
 def typecheck(session: nox.Session, package: str) -> None:
     """mypy --strict of one package inside its own closure."""
     _install(session, [package], more=("mypy==2.4.1",))
-    src = PACKAGES[package]["path"] / "src"  # type: ignore[operator]
-    leaf = next(src.glob("*/*/__about__.py")).parent.relative_to(src)
-    session.chdir(src)
-    session.run(
-        "mypy",
-        "--config-file",
-        str(ROOT / "pyproject.toml"),
-        "-p",
-        ".".join(leaf.parts),
-        *session.posargs,
-    )
+    _run_mypy(session, package, session.posargs)
+
+
+@nox.session(venv_params=VENV_PARAMS)
+@nox.parametrize("package", TESTED, ids=TESTED)
+def check(session: nox.Session, package: str) -> None:
+    """typecheck then tests of one package in ONE environment (its closure, test
+    group and mypy): what `ci` runs, one install per package instead of two."""
+    _install(session, [package], more=("mypy==2.4.1",))
+    _run_mypy(session, package, [])
+    _run_tests(session, package, session.posargs)
 
 
 def _top() -> list[str]:
@@ -216,9 +235,7 @@ def ci(session: nox.Session) -> None:
     session.notify("deps")
     session.notify("lint")
     for name in TESTED:
-        session.notify(f"typecheck({name})")
-    for name in TESTED:
-        session.notify(f"tests({name})")
+        session.notify(f"check({name})")
     if any((ROOT / "integration_tests").glob("test_*.py")):
         session.notify("integration")
 
