@@ -36,9 +36,16 @@ def _system(cells: int, device: str, dtype: torch.dtype) -> Any:
     return argon_box(cells, dtype=dtype, temperature_K=90.0, seed=0).to(device)
 
 
-def _model(device: str, dtype: torch.dtype) -> Any:
-    from nvdd.models import LennardJones, LJConfig
+MODEL = "lj"
+CUTOFF = {"lj": 8.5, "mpnn": 5.0}
 
+
+def _model(device: str, dtype: torch.dtype) -> Any:
+    from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+
+    if MODEL == "mpnn":
+        cfg = MPNNConfig(cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=1.0)
+        return ReferenceMPNN(cfg, dtype=dtype, device=device)
     return LennardJones(LJConfig(cutoff=8.5, epsilon=0.0104, sigma=3.40, skin=1.0)).to(
         device=device, dtype=dtype
     )
@@ -49,10 +56,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def raw(cells: int, steps: int, warmup: int, device: str, dtype_name: str) -> dict[str, float]:
+def raw(
+    cells: int, steps: int, warmup: int, device: str, dtype_name: str, model: str = "lj"
+) -> dict[str, float]:
     """The single-process integrator without any DD wrapper."""
     from nvdd.dynamics import VelocityVerlet
 
+    global MODEL
+    MODEL = model
     dtype = getattr(torch, dtype_name)
     dyn = VelocityVerlet(_model(device, dtype), _system(cells, device, dtype), dt_fs=4.0)
     dyn.run(warmup)
@@ -63,10 +74,14 @@ def raw(cells: int, steps: int, warmup: int, device: str, dtype_name: str) -> di
     return {"ms_per_step": 1000 * (time.perf_counter() - t0) / steps, "atoms": dyn.batch.n_atoms}
 
 
-def dd(cells: int, steps: int, warmup: int, device: str, dtype_name: str) -> dict[str, Any]:
+def dd(
+    cells: int, steps: int, warmup: int, device: str, dtype_name: str, model: str = "lj"
+) -> dict[str, Any]:
     """DomainParallel on the ranks of the current process group."""
     import torch.distributed as dist
 
+    global MODEL
+    MODEL = model
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 
     dtype = getattr(torch, dtype_name)
@@ -77,7 +92,8 @@ def dd(cells: int, steps: int, warmup: int, device: str, dtype_name: str) -> dic
     dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=4.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dp = DomainParallel(dyn, DomainConfig(cutoff=8.5, skin=1.0), sync_timings=True)
+        config = DomainConfig(cutoff=CUTOFF[MODEL], skin=1.0)
+        dp = DomainParallel(dyn, config, sync_timings=True)
         with dp:
             dp.partition()
             dp.run(warmup)
@@ -111,6 +127,12 @@ def main() -> None:
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    p.add_argument(
+        "--model",
+        choices=["lj", "mpnn"],
+        default="lj",
+        help="LJ argon, or the reference MPNN (2 layers, cutoff 5 A) on the same box",
+    )
     p.add_argument("--quick", action="store_true", help="--cells 8 --steps 20")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -121,7 +143,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     threads = max(1, (os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    base = raw(args.cells, args.steps, args.warmup, args.device, args.dtype)
+    base = raw(args.cells, args.steps, args.warmup, args.device, args.dtype, args.model)
     rows.append({"run": "raw integrator", "ranks": 1, **base})
     backend = "nccl" if args.device == "cuda" else "gloo"
     for world in args.worlds:
@@ -134,6 +156,7 @@ def main() -> None:
             args.warmup,
             args.device,
             args.dtype,
+            args.model,
             backend=backend,
             timeout_s=1800,
             threads_per_rank=per_rank,
@@ -141,7 +164,7 @@ def main() -> None:
         )[0]
         rows.append({"run": "DomainParallel", "ranks": world, **res})
     print(
-        f"\nLJ argon, {base['atoms']} atoms, {args.dtype}, {args.device}, {args.steps} steps "
+        f"\n{args.model.upper()} on argon, {base['atoms']} atoms, {args.dtype}, {args.device}, {args.steps} steps "
         f"(one run; {threads} CPU threads shared by the ranks)"
     )
     cols = ("exchange", "fold", "migrate", "plan")
