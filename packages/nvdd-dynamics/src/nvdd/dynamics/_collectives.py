@@ -73,7 +73,7 @@ class MeshReducer(Reducer):
     def _reduce(self, t: torch.Tensor, op: Any) -> torch.Tensor:
         if get_world_size(self.group) == 1:
             return t
-        buf = t.detach().to(comm_device(self.group)).clone()
+        buf = t.detach().to(comm_device(self.group)).contiguous().clone()
         dist.all_reduce(buf, op=op, group=self.group)
         return buf.to(t.device)
 

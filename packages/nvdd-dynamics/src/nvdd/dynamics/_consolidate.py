@@ -24,9 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
-from nvdd.core import comm_device, get_world_size
+from nvdd.dynamics._collectives import MeshReducer
 from nvdd.spec import MLIPSpec, OutputKind, Reduce
 
 if TYPE_CHECKING:
@@ -97,18 +96,10 @@ def consolidate(
             else:
                 final[name] = value
         elif rule is Reduce.ALL_REDUCE:  # GLOBAL
-            final[name] = _all_reduce(value, group)
+            final[name] = MeshReducer(group).sum(value)
         else:
             final[name] = value
     return final, partial
-
-
-def _all_reduce(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
-    if get_world_size(group) == 1:
-        return x
-    buf = x.detach().to(comm_device(group)).contiguous().clone()
-    dist.all_reduce(buf, group=group)
-    return buf.to(x.device)
 
 
 class PendingTotals:
@@ -140,7 +131,7 @@ class PendingTotals:
         self._base = {k: v.detach() for k, v in (base or {}).items()}
         self._totals = {}
 
-    def materialize_lazy(self) -> dict[str, torch.Tensor]:
+    def partials(self) -> dict[str, torch.Tensor]:
         """The unreduced partials (no communication)."""
         return dict(self._partials)
 
@@ -158,7 +149,7 @@ class PendingTotals:
         todo = sorted(n for n in want if n not in self._totals)
         if todo:
             flat = [self._partials[n].reshape(-1) for n in todo]
-            buf = _all_reduce(torch.cat(flat), self.group)
+            buf = MeshReducer(self.group).sum(torch.cat(flat))
             offset = 0
             for n, f in zip(todo, flat, strict=True):
                 total = buf[offset : offset + f.numel()].reshape(self._partials[n].shape)

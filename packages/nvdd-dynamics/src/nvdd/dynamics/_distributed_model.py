@@ -402,7 +402,7 @@ class DistributedPipelineModel(DistributedModel):
             for k, v in out.items():  # every output of a sum model is a sum
                 if isinstance(v, torch.Tensor):
                     finals[k] = finals[k] + v if k in finals else v
-            for k, v in self.pending.materialize_lazy().items():
+            for k, v in self.pending.partials().items():
                 partials[k] = partials[k] + v if k in partials else v
         self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
         finals["forces"] = forces

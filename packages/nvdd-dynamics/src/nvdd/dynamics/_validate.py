@@ -261,7 +261,10 @@ def trace_and_validate(
     report: ValidationReport | None = None
     fixes: list[str] = []
     repaired = False
-    for label, candidate in _growing(candidates):
+    i = 0
+    while i < len(candidates):  # repairs are appended while iterating
+        label, candidate = candidates[i]
+        i += 1
         if label is not None:
             fixes.append(label)
         report = _run_candidate(model, batch, candidate, config, ref, tol, world_size, timeout_s)
@@ -275,13 +278,6 @@ def trace_and_validate(
             break
     assert report is not None
     return report
-
-
-def _growing(items: list[Any]) -> Any:
-    i = 0
-    while i < len(items):
-        yield items[i]
-        i += 1
 
 
 def _run_candidate(

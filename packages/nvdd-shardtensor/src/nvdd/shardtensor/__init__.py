@@ -10,6 +10,7 @@ Code that needs to say what it means uses the verbs: :func:`refresh_neighbors`,
 """
 
 from nvdd.shardtensor.__about__ import __version__
+from nvdd.shardtensor._autograd import sum_over_ranks
 from nvdd.shardtensor._context import DDContext, Scope, current_dd_context, dd_scope
 from nvdd.shardtensor._image_layout import SelfImageLayout
 from nvdd.shardtensor._protocol import HaloLayout
@@ -36,6 +37,7 @@ __all__ = [
     "localize",
     "refresh_neighbors",
     "scatter_to_owners",
+    "sum_over_ranks",
     "system_sum",
     "to_local",
 ]
