@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from dyn_models import SoftPair, ToyMP
 from test_dynamics_domain_parallel import make_gas
 
@@ -37,4 +36,3 @@ def test_uncovered_ghost_refresh_is_pinpointed_and_fixed() -> None:
 def test_validation_arguments() -> None:
     with pytest.raises(ConfigurationError, match="world_size >= 2"):
         trace_and_validate(SoftPair(), make_gas(), world_size=1)
-    assert torch.is_tensor(make_gas().positions)
