@@ -13,6 +13,8 @@ is written twice. Sessions:
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
 - ``multigpu``    the integration suite over NCCL on >= 2 GPUs (fails with fewer)
+- ``multigpu_system`` the same with the interpreter's own environment: no installs
+                  (hosts that reach no package index; ``tools/multigpu`` without nox)
 
 Torch: by default (``NVDD_TORCH=cpu``) the CPU build ``torch==2.13.0`` is installed
 once into ``.nox/_shared`` and shared by every session through a ``.pth`` file, and
@@ -292,3 +294,13 @@ def multigpu(session: nox.Session) -> None:
         "integration_tests/multigpu_suite.py",
         *session.posargs,
     )
+
+
+@nox.session(python=False, default=False)
+def multigpu_system(session: nox.Session) -> None:
+    """The NCCL integration suite with the interpreter's own environment: NO installs.
+
+    For GPU hosts that reach no package index. ``$NVDD_PYTHON`` (default
+    ``python3``) must have torch with CUDA, warp-lang and vesin; nvdd runs from
+    this checkout's sources. Arguments go to the suite (``--dtype both``)."""
+    session.run("bash", str(ROOT / "tools" / "multigpu"), *session.posargs, external=True)

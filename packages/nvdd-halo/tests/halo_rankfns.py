@@ -227,3 +227,47 @@ def bad_exchange_rank(bad_rank: int) -> str:
     )
     x = pos[:-1] if r == bad_rank else pos
     return error_text(lambda: plan.forward(x), NvddError, typed=True)
+
+
+def device_rank(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan and its exchanges on the CPU and on the fake accelerator."""
+    from nvdd.halo import reshard_by_destination
+    from nvdd.testing import fake_accelerator
+
+    case = make_case(name)
+    r = rank()
+
+    def run(dev: torch.device) -> dict[str, Any]:
+        rows = owned_slice(case, r)
+        pos = case.positions[rows].to(dev)
+        plan = build_halo_plan(
+            config_of(case),
+            pos,
+            case.atom_ids[rows].to(dev),
+            case.system_index[rows].to(dev),
+            case.cell.to(dev),
+        )
+        ghost = plan.ghost_positions(pos, case.cell.to(dev))
+        values = torch.arange(plan.n_ghost * 2, dtype=torch.float64, device=dev).reshape(-1, 2)
+        folded = plan.reverse(values)
+        pos.requires_grad_(True)
+        plan.ghost_positions(pos, case.cell.to(dev)).sum().backward()
+        assert pos.grad is not None
+        dest = torch.arange(pos.shape[0], device=dev) % plan.world_size
+        moved = reshard_by_destination({"x": pos.detach(), "id": case.atom_ids[rows].to(dev)}, dest)
+        devices = {
+            t.device.type for t in (ghost, folded, pos.grad, moved["x"], plan.ghost_atom_ids)
+        }
+        return {
+            "ghost_ids": plan.ghost_atom_ids.cpu(),
+            "ghost": ghost.detach().cpu(),
+            "folded": folded.cpu(),
+            "grad": pos.grad.cpu(),
+            "moved": moved["id"].cpu(),
+            "devices": sorted(devices),
+        }
+
+    cpu = run(torch.device("cpu"))
+    with fake_accelerator() as dev:
+        fake = run(dev)
+    return cpu, fake

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, any_rank
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    ModelOutputs,
+    ValidationError,
+    any_rank,
+    raise_if_any_rank,
+)
 from nvdd.dynamics._collectives import count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
@@ -168,6 +175,11 @@ class DistributedModel:
 
         **Collective** over the sharded batch's group.
         """
+        raise_if_any_rank(
+            _device_problem(self.model, sharded.local_batch.device),
+            sharded.group,
+            exc_type=ConfigurationError,
+        )
         self._sharded = sharded
         self.pending = PendingTotals(sharded.group)
         self._registry.install()
@@ -407,6 +419,19 @@ class DistributedPipelineModel(DistributedModel):
         self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
         finals["forces"] = forces
         return finals  # type: ignore[return-value]
+
+
+def _device_problem(model: Any, device: torch.device) -> str | None:
+    """Why ``model`` cannot run on atoms on ``device`` (its tensors live elsewhere)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.device != device:
+            return (
+                f"the model's tensor {name!r} is on {t.device} but the atoms are on {device}: "
+                f"move the model with model.to({str(device)!r}) before DomainParallel"
+            )
+    return None
 
 
 def _compiled(model: Any, spec: MLIPSpec, config: DomainConfig) -> Any:

@@ -354,8 +354,10 @@ class SpatialPartitioner:
 
     def ghost_frac(self, cell: torch.Tensor | None = None) -> torch.Tensor:
         """The ghost width in fractional units per system and axis, float64
-        shape ``(n_systems, 3)`` (``ghost_width / interplanar spacing``)."""
-        return self.ghost_width / interplanar_spacings(self.domain_cell(cell))
+        shape ``(n_systems, 3)`` on the CPU, like every box of the partitioner
+        (``ghost_width / interplanar spacing``; ``cell`` may live on any device)."""
+        host = None if cell is None else cell.detach().to("cpu", torch.float64)
+        return self.ghost_width / interplanar_spacings(self.domain_cell(host))
 
     def __repr__(self) -> str:
         return (

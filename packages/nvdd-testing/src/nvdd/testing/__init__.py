@@ -1,6 +1,13 @@
 """nvdd.testing: repo-internal test helpers (never a runtime dependency)."""
 
 from nvdd.testing.__about__ import __version__
+from nvdd.testing._fake_device import (
+    FAKE_DEVICE,
+    DeviceMixingError,
+    FakeDeviceTensor,
+    fake_accelerator,
+    to_fake,
+)
 from nvdd.testing._oracle import (
     TOLERANCES,
     Tolerance,
@@ -12,6 +19,9 @@ from nvdd.testing._oracle import (
 from nvdd.testing._ranks import RankFailedError, RankTimeoutError, run_ranks
 
 __all__ = [
+    "FAKE_DEVICE",
+    "DeviceMixingError",
+    "FakeDeviceTensor",
     "TOLERANCES",
     "RankFailedError",
     "RankTimeoutError",
@@ -19,7 +29,9 @@ __all__ = [
     "__version__",
     "assert_close_by_id",
     "assert_same_ids",
+    "fake_accelerator",
     "gather_by_id",
     "run_ranks",
+    "to_fake",
     "tolerance_for",
 ]

@@ -1,0 +1,98 @@
+"""Rank bodies of the device-placement guard of the whole DD path.
+
+The same DomainParallel run (partition, steps with migration, hooks of every
+scope, a rebalance, gather and to_global) runs on the CPU and on the fake
+accelerator of ``nvdd.testing``; the two must agree bit for bit, and nothing on
+the way may mix the atoms' device with the CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from it_systems import crystal, model_for
+
+from nvdd.core import Batch
+from nvdd.dynamics import (
+    DomainConfig,
+    DomainParallel,
+    HookScope,
+    HookStage,
+    Langevin,
+    VelocityVerlet,
+    kinetic_energy,
+)
+from nvdd.testing import fake_accelerator
+
+
+def _two_systems() -> Batch:
+    a = crystal("periodic", temperature_k=300.0, seed=1)
+    b = crystal("triclinic", temperature_k=300.0, seed=2)
+    b = b.replace(atom_ids=b.atom_ids + 10_000)
+    return Batch.concatenate([a, b])
+
+
+def _run(kind: str, model_name: str, dev: torch.device) -> dict[str, Any]:
+    model, cutoff = model_for(model_name)
+    model = model.to(dev)
+    batch = (_two_systems() if kind == "two" else crystal(kind, temperature_k=300.0)).to(dev)
+    if model_name == "lj":
+        dyn: Any = Langevin(
+            model, batch, dt_fs=4.0, temperature_K=300.0, friction_per_fs=0.01, seed=5
+        )
+    else:
+        dyn = VelocityVerlet(model, batch, dt_fs=1.0)
+    seen: dict[str, list[Any]] = {"local": [], "global": [], "zero": []}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=0.4)) as dp:
+            dp.partition()
+            dp.register_hook(
+                HookStage.AFTER_STEP,
+                lambda c: seen["local"].append(float(kinetic_energy(c.batch, dyn.reducer).sum())),
+                every=2,
+                needs=["energy"],
+            )
+            dp.register_hook(
+                HookStage.AFTER_STEP,
+                lambda c: seen["global"].append(float(c.batch.energy.sum())),
+                every=3,
+                scope=HookScope.GLOBAL,
+                needs=["energy", "stress"],
+            )
+            dp.register_hook(
+                HookStage.BEFORE_STEP,
+                lambda c: seen["zero"].append(c.batch.positions.device.type),
+                every=4,
+                scope=HookScope.RANK_ZERO,
+            )
+            dp.run(8)
+            dp.sharded.rebalance()
+            dp.run(4)
+            whole = dp.to_global()
+            final = dp.gather(0)
+            stats = dp.stats
+    out: dict[str, Any] = {
+        "hooks": seen,
+        "whole_device": whole.positions.device.type,
+        "rebuilds": stats.rebuilds,
+    }
+    if final is not None:
+        out.update(
+            ids=final.atom_ids.cpu(),
+            positions=final.positions.cpu(),
+            forces=final.forces.cpu(),
+            energy=final.energy.cpu(),
+            stress=final.stress.cpu(),
+            device=final.positions.device.type,
+        )
+    return out
+
+
+def cpu_and_fake(kind: str, model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    cpu = _run(kind, model_name, torch.device("cpu"))
+    with fake_accelerator() as dev:
+        fake = _run(kind, model_name, dev)
+    return cpu, fake

@@ -1,0 +1,45 @@
+"""The whole DD path on a device, guarded on the CPU (issue 12).
+
+No GPU in CI: the fake accelerator of ``nvdd.testing`` (real CPU values, CUDA-like
+device checks, NCCL-like collectives) runs partition, migration, halo rebuilds,
+hooks of every scope, a rebalance, gather and to_global, for LJ and the MPNN, on
+periodic, triclinic, open, mixed and two-system batches. Any operator that mixes
+the atoms' device with the CPU raises; the results must equal the CPU run bit for
+bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from it_device import cpu_and_fake
+
+from nvdd.testing import run_ranks
+
+pytestmark = pytest.mark.gloo
+
+CASES = [
+    (2, "periodic", "lj"),
+    (3, "triclinic", "lj"),
+    (2, "slab", "lj"),
+    (2, "cluster", "lj"),
+    (2, "two", "lj"),
+    (2, "periodic", "mpnn2"),
+]
+
+
+@pytest.mark.parametrize(
+    ("world", "kind", "model"), CASES, ids=[f"{c[2]}-{c[1]}-{c[0]}" for c in CASES]
+)
+def test_dd_run_on_a_device_equals_the_cpu_run(world: int, kind: str, model: str) -> None:
+    out = run_ranks(cpu_and_fake, world, kind, model, timeout_s=600)
+    for rank, (cpu, fake) in enumerate(out):
+        assert fake["whole_device"] == "meta", f"rank {rank}: to_global left the device"
+        assert fake["hooks"]["local"] == cpu["hooks"]["local"]
+        assert fake["hooks"]["global"] == cpu["hooks"]["global"]
+        assert fake["rebuilds"] == cpu["rebuilds"]
+    cpu, fake = out[0]
+    assert fake["hooks"]["zero"] == ["meta"] * len(cpu["hooks"]["zero"]) != []
+    assert fake["device"] == "meta"
+    for key in ("ids", "positions", "forces", "energy", "stress"):
+        assert torch.equal(cpu[key], fake[key]), f"{key} differs between the CPU and the device"
