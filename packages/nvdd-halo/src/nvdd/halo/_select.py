@@ -24,6 +24,7 @@ __all__ = [
     "check_plan_inputs",
     "expanded_boxes",
     "fractional_widths",
+    "rounding_margin",
     "select_ghosts",
 ]
 
@@ -78,14 +79,31 @@ def fractional_widths(cell: torch.Tensor, ghost_width: float) -> torch.Tensor:
     return ghost_width * norms
 
 
+def rounding_margin(dtype: torch.dtype, frac_magnitude: float) -> float:
+    """Fractional margin added to every expanded box, covering rounding.
+
+    Ownership, fractional coordinates and model distances are each computed in
+    floating point, so an image exactly at the ghost width (or an owned atom
+    exactly on a face) can land on either side of an exact test. Selecting ghosts
+    a few units in the last place beyond the ghost width is always safe (a model
+    only keeps pairs within its cutoff), while dropping one loses a pair: the
+    margin is ``64 eps(dtype) (1 + |frac|)``, about ``3e-14`` of a cell length
+    in float64 and ``1.5e-5`` in float32.
+    """
+    return 64.0 * torch.finfo(dtype).eps * (1.0 + frac_magnitude)
+
+
 def expanded_boxes(
-    config: ParticleHaloConfig, cell: torch.Tensor
+    config: ParticleHaloConfig, cell: torch.Tensor, margin: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Boxes grown by the fractional ghost width: ``lo - w``, ``hi + w``.
+    """Boxes grown by the fractional ghost width plus ``margin``: the closed
+    intervals ``[lo - w - margin, hi + w + margin]`` as the half-open
+    ``[lo - w - margin, hi + w + margin)`` the kernels test (the margin makes
+    the difference immaterial).
 
     Returns float64 CPU tensors of shape ``(n_systems, world_size, 3)``.
     """
-    w = fractional_widths(cell.detach().cpu(), config.ghost_width)[:, None, :]
+    w = fractional_widths(cell.detach().cpu(), config.ghost_width)[:, None, :] + margin
     return config.boxes[:, :, 0, :] - w, config.boxes[:, :, 1, :] + w
 
 
@@ -206,7 +224,8 @@ def select_ghosts(
         row = int((~torch.isfinite(pos)).any(dim=1).nonzero()[0, 0])
         return None, Failure.INVALID, f"positions[{row}] = {pos[row].tolist()} is not finite"
 
-    elo64, ehi64 = expanded_boxes(config, cell)
+    bound = float(frac.detach().abs().max()) if frac.numel() else 0.0
+    elo64, ehi64 = expanded_boxes(config, cell, rounding_margin(dt, bound))
     cand_rank, cand_ok = _candidates(frac, system, elo64, ehi64, config.pbc)
     n_cand, n = int(cand_rank.numel()), int(pos.shape[0])
     send_counts = torch.zeros(world, dtype=torch.int64)
