@@ -140,7 +140,9 @@ def lj_steady_state() -> dict[str, Any]:
     dyn = VelocityVerlet(model, crystal("periodic", temperature_k=20.0), dt_fs=1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=1.0)) as dp:
+        with DomainParallel(
+            dyn, DomainConfig(cutoff=cutoff, skin=1.0), count_collectives=True
+        ) as dp:
             dp.partition()
             dp.run(3)
             seen = []

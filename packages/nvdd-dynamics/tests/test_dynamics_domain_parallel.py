@@ -108,7 +108,7 @@ def test_nve_trajectory_equals_single_process_by_id(
 def _steady_state_counts() -> tuple[dict, dict, int]:
     batch = make_gas(n=40)
     dyn = VelocityVerlet(SoftPair(), batch, dt_fs=0.5)
-    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0)) as dp:
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0), count_collectives=True) as dp:
         dp.partition()
         dp.run(2)
         rebuilds = dp.stats.rebuilds
@@ -131,12 +131,28 @@ def test_steady_state_step_costs_two_all_to_all_and_one_small_all_reduce() -> No
     assert seen == 1
 
 
+def _uncounted() -> dict:
+    dyn = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0)) as dp:
+        dp.partition()
+        dp.run(2)
+        return dict(dp.stats.last_collectives)
+
+
+def test_collectives_are_counted_only_when_asked() -> None:
+    assert run_ranks(_uncounted, 2, timeout_s=120) == [{}, {}]
+
+
 def _hooks_scopes() -> dict:
     batch = make_gas(n=30)
     dyn = VelocityVerlet(SoftPair(), batch, dt_fs=1.0)
     log: dict = {"local": [], "global": [], "zero": []}
     with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.3)) as dp:
         dp.register_hook(HookStage.AFTER_STEP, lambda c: log["local"].append(c.batch.n_atoms))
+        dp.register_hook(
+            HookStage.BEFORE_STEP,
+            lambda c: log.setdefault("where", []).append((c.rank, c.world_size)),
+        )
         dp.register_hook(
             HookStage.AFTER_STEP,
             lambda c: log["global"].append((c.batch.n_atoms, float(c.batch.energy[0]))),
@@ -157,9 +173,11 @@ def _hooks_scopes() -> dict:
 
 def test_hook_scopes_local_global_rank_zero() -> None:
     logs = run_ranks(_hooks_scopes, 2, timeout_s=120)
-    for log in logs:
+    for rank, log in enumerate(logs):
         assert len(log["local"]) == 6
         assert [n for n, _ in log["global"]] == [30, 30, 30]
+        # LOCAL hooks see this rank's place in the decomposition (issue 17 item 4)
+        assert log["where"] == [(rank, 2)] * 6
     assert sum(a + b for a, b in zip(logs[0]["local"], logs[1]["local"], strict=True)) == 6 * 30
     assert logs[0]["global"] == logs[1]["global"]
     assert logs[0]["zero"] == [3, 6] and logs[1]["zero"] == []

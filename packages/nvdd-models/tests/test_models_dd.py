@@ -8,6 +8,7 @@ and compare every rank's owned atoms with the single-process model by atom id.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 import re
 from typing import Any
@@ -33,6 +34,7 @@ from nvdd.spec import (
     SPEC_MPNN_HALO,
     BaseModelMixin,
     ForceStrategy,
+    ScatterMode,
     StrategyKind,
 )
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
@@ -125,25 +127,66 @@ def test_mpnn_on_its_own_periodic_images_equals_the_periodic_model(
     torch.testing.assert_close(
         out["atom_energies"][:n], reference["atom_energies"], rtol=0, atol=ATOL
     )
-    # ghost rows carry their owners' features, hence their atom energies
+
+
+class _FoldingMPNN(ReferenceMPNN):
+    """The same network with the fold mode of its spec (``ScatterMode.FOLD``)."""
+
+    _halo_preset = SPEC_MPNN_HALO.replace(
+        options=dataclasses.replace(SPEC_MPNN_HALO.options, scatter=ScatterMode.FOLD)
+    )
+
+
+def test_mpnn_refresh_mode_equals_the_fold_mode_with_half_the_exchanges() -> None:
+    """Owned receivers: a refresh after the owned-row update replaces fold + refresh
+    (issue 13): the same outputs, one exchange per layer but the last instead of two."""
+    full = _mpnn_system()
+    local = make_model("mpnn", layers=3)
+    fold = _FoldingMPNN(local.config)
+    fold.load_state_dict(local.state_dict())
+    calls = {}
+    for name, model in (("local", local), ("fold", fold)):
+        layout = ghost_layout(full, torch.arange(full.n_atoms), model.cutoff)
+        halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :])
+        counted = {"refresh": 0, "fold": 0}
+        refresh0, fold0 = halo.refresh, halo.fold
+
+        def refresh(x: torch.Tensor, _r=refresh0, _c=counted) -> torch.Tensor:
+            _c["refresh"] += 1
+            return _r(x)
+
+        def folded(x: torch.Tensor, _f=fold0, _c=counted) -> torch.Tensor:
+            _c["fold"] += 1
+            return _f(x)
+
+        halo.refresh, halo.fold = refresh, folded  # type: ignore[method-assign]
+        leaf = layout.batch.positions.clone().requires_grad_(True)
+        with dd_scope(DDContext(layout=halo, positions=leaf)):
+            out = model(layout.batch.replace(positions=leaf))
+        calls[name] = (counted, {k: v.detach() for k, v in out.items()}, layout.n_owned)
+    (c_local, out_local, n), (c_fold, out_fold, _) = calls["local"], calls["fold"]
+    assert c_local == {"refresh": 2, "fold": 0}
+    assert c_fold == {"refresh": 0, "fold": 3}
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(out_local[key], out_fold[key], rtol=0, atol=ATOL)
     torch.testing.assert_close(
-        out["atom_energies"][n:], reference["atom_energies"][source[n:]], rtol=0, atol=ATOL
+        out_local["atom_energies"][:n], out_fold["atom_energies"][:n], rtol=0, atol=ATOL
     )
 
 
 def test_mpnn_without_the_per_layer_fold_would_be_wrong() -> None:
-    """The same two-layer run with ghost features left stale differs: the fold matters."""
+    """The same two-layer run with ghost features left stale differs: the refresh matters."""
     from nvdd.models import _mpnn
 
     full = _mpnn_system()
     model = make_model("mpnn", layers=2)
     reference = model(full)
-    original = _mpnn.scatter_to_owners
-    _mpnn.scatter_to_owners = lambda x: x  # type: ignore[assignment]
+    original = _mpnn.refresh_neighbors
+    _mpnn.refresh_neighbors = lambda x: x  # type: ignore[assignment]
     try:
         out, _, _ = _self_image_run(model, full, model.cutoff)
     finally:
-        _mpnn.scatter_to_owners = original
+        _mpnn.refresh_neighbors = original
     assert float((out["energy"] - reference["energy"]).abs().max()) > 1e-4
 
 

@@ -67,7 +67,7 @@ def test_presets_differ_where_the_pattern_differs() -> None:
     assert len(set(dicts.values())) == len(PRESETS), "two presets are identical"
     assert SPEC_LJ_HALO.force_strategy is ForceStrategy.DIRECT
     assert (
-        SPEC_MPNN_HALO.options.scatter is ScatterMode.FOLD
+        SPEC_MPNN_HALO.options.scatter is ScatterMode.LOCAL  # owned receivers: refresh only
         and SPEC_MPNN_HALO.options.refresh_per_layer
     )
     assert SPEC_UMA_HALO.options.scatter is ScatterMode.LOCAL and SPEC_UMA_HALO.adapters()

@@ -3,6 +3,17 @@
 from nvdd.core.__about__ import __version__
 from nvdd.core._batch import Batch
 from nvdd.core._batch_validation import check_cell
+from nvdd.core._comm import (
+    COLLECTIVE_NAMES,
+    add_listener,
+    all_gather_object,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    broadcast_object,
+    count_collectives,
+    remove_listener,
+)
 from nvdd.core._distributed import (
     DEFAULT_MESH_DIM,
     DEFAULT_TIMEOUT_S,
@@ -32,6 +43,7 @@ from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
 
 __all__ = [
     "ATOMIC_MASSES",
+    "COLLECTIVE_NAMES",
     "DEFAULT_MESH_DIM",
     "DEFAULT_TIMEOUT_S",
     "PER_ATOM_FIELDS",
@@ -48,9 +60,16 @@ __all__ = [
     "RankTimeoutError",
     "ValidationError",
     "__version__",
+    "add_listener",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all_single",
     "any_rank",
+    "barrier",
+    "broadcast_object",
     "check_cell",
     "comm_device",
+    "count_collectives",
     "default_backend",
     "get_rank",
     "get_world_size",
@@ -58,6 +77,7 @@ __all__ = [
     "make_mesh",
     "masses_for",
     "raise_if_any_rank",
+    "remove_listener",
     "shutdown_distributed",
     "spawn_ranks",
 ]

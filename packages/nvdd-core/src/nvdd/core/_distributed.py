@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from nvdd.core import _comm
 from nvdd.core._errors import CommunicationError, ConfigurationError, NvddError, ValidationError
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def any_rank(flag: bool | torch.Tensor, group: ProcessGroup | None = None) -> bo
     if get_world_size(group) == 1:
         return bool(flag)
     t = torch.as_tensor(flag, device=comm_device(group)).to(torch.int32).reshape(1)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    _comm.all_reduce(t, "max", group)
     return bool(t.item())
 
 
@@ -264,7 +265,6 @@ def raise_if_any_rank(
         return
     if not any_rank(message is not None, group):
         return
-    messages: list[str | None] = [None] * world
-    dist.all_gather_object(messages, message, group=group)
+    messages: list[str | None] = _comm.all_gather_object(message, group)
     lines = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
     raise exc_type("; ".join(lines))

@@ -23,6 +23,7 @@ __all__ = [
     "ForceProvider",
     "ModelForceProvider",
     "Reducer",
+    "StateOwner",
 ]
 
 #: One femtosecond in ASE time units (Angstrom * sqrt(amu / eV)).
@@ -60,6 +61,26 @@ class ForceProvider(Protocol):
     """
 
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]: ...
+
+
+class StateOwner(Protocol):
+    """Holds an integrator's atom state (``local_batch``, read and written).
+
+    On one process the integrator owns it; under ``DomainParallel`` the
+    :class:`~nvdd.partition.ShardedBatch` does, so migration and the integrator
+    never hold two copies that must be re-synced.
+    """
+
+    local_batch: Batch
+
+
+class _OwnState:
+    """The single-process owner: just the batch."""
+
+    __slots__ = ("local_batch",)
+
+    def __init__(self, batch: Batch) -> None:
+        self.local_batch = batch
 
 
 class ModelForceProvider:
@@ -111,7 +132,7 @@ class BaseDynamics:
         if not dt_fs > 0:
             raise ConfigurationError(f"dt_fs must be positive, got {dt_fs!r}")
         self.model = model
-        self.batch = batch
+        self._state: StateOwner = _OwnState(batch)
         self.dt_fs = float(dt_fs)
         self.step_count = 0
         self.converged = False
@@ -120,6 +141,22 @@ class BaseDynamics:
         self.force_provider: ForceProvider = ModelForceProvider(model)
         self.hook_runner: HookRunner = _run_hooks_locally
         self._forces_ready = False
+
+    # ---------------------------------------------------------------- state
+    @property
+    def batch(self) -> Batch:
+        """The atoms this integrator advances (this rank's owned atoms under DD)."""
+        return self._state.local_batch
+
+    @batch.setter
+    def batch(self, batch: Batch) -> None:
+        self._state.local_batch = batch
+
+    def attach_state(self, owner: StateOwner | None) -> None:
+        """Keep the atom state in ``owner`` from now on (``None``: in this object,
+        starting from the owner's current batch). ``DomainParallel`` attaches its
+        :class:`~nvdd.partition.ShardedBatch`."""
+        self._state = _OwnState(self.batch) if owner is None else owner
 
     # ---------------------------------------------------------------- hooks
     def register_hook(

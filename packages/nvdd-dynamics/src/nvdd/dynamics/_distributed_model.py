@@ -29,15 +29,17 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     ValidationError,
-    any_rank,
+    all_reduce,
+    comm_device,
+    count_collectives,
+    get_world_size,
     raise_if_any_rank,
 )
-from nvdd.dynamics._collectives import count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.shardtensor import DDContext, dd_scope
-from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec
+from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce
 
 if TYPE_CHECKING:
     from nvdd.partition import ShardedBatch
@@ -104,7 +106,8 @@ class DistributedModel:
     spec:
         Overrides ``model.distribution_spec(config.strategy)``.
     count:
-        Count the collectives of every call (:attr:`DDStats.last_collectives`).
+        Count the collectives of every call (:attr:`DDStats.last_collectives`);
+        off by default (counting costs a little host time per collective).
     sync_timings:
         Synchronise CUDA before reading phase timers (exact per-phase times for
         benchmarks, slower steps).
@@ -116,7 +119,7 @@ class DistributedModel:
         config: DomainConfig,
         *,
         spec: MLIPSpec | None = None,
-        count: bool = True,
+        count: bool = False,
         sync_timings: bool = False,
     ) -> None:
         if not isinstance(config, DomainConfig):
@@ -223,27 +226,50 @@ class DistributedModel:
 
     def _call(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         sharded = self.sharded
-        sharded.update_from_batch(batch, check=False)
+        if batch is not sharded.local_batch:  # a caller that keeps its own batch
+            sharded.local_batch = batch
         self.stats.calls += 1
         t0 = time.perf_counter()
-        if self._needs_rebuild(batch):
-            t0 = self._timer("check", t0)
-            self._rebuild(sharded.local_batch, migrate=True)
+        rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
+        t0 = self._timer("check", t0)
+        if rebuild:
+            self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
             t0 = time.perf_counter()
-        else:
-            t0 = self._timer("check", t0)
         local = sharded.local_batch
-        outputs = self._forward(local, t0)
+        outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
         return local, outputs
 
-    def _needs_rebuild(self, batch: Batch) -> bool:
+    def _skin_used_up(self, batch: Batch) -> bool:
+        """Whether any rank must migrate and rebuild its plan (Verlet criterion).
+
+        **Collective** over the mesh: ONE all-reduce (max) of one small integer
+        computed on the atoms' device, then one host read. ``1``: some owned atom
+        moved more than ``skin / 2`` since the last build (always with ``skin ==
+        0``); ``2``: some rank holds a non-finite position, velocity or force
+        (the forces of the previous step): every rank then raises a
+        :class:`~nvdd.core.ValidationError` naming the ranks and atoms.
+        """
+        pos = batch.positions.detach()
         ref = self._ref_positions
-        if ref is None or ref.shape != batch.positions.shape or self.config.skin == 0:
-            moved = True
+        skin = self.config.skin
+        if ref is None or ref.shape != pos.shape or skin == 0:
+            moved = torch.ones((), dtype=torch.int32, device=pos.device)
+        elif pos.shape[0] == 0:
+            moved = torch.zeros((), dtype=torch.int32, device=pos.device)
         else:
-            d2 = ((batch.positions.detach() - ref) ** 2).sum(dim=1)
-            moved = bool(d2.numel()) and bool(d2.max() > (0.5 * self.config.skin) ** 2)
-        return any_rank(moved, self.sharded.group)
+            d2 = ((pos - ref) ** 2).sum(dim=1).amax()
+            moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
+        finite = torch.isfinite(pos).all()
+        for t in (batch.velocities, batch.forces):
+            finite = finite & torch.isfinite(t).all()
+        code = torch.where(finite, moved, torch.full_like(moved, 2)).reshape(1)
+        if get_world_size(self.sharded.group) > 1:
+            code = code.to(comm_device(self.sharded.group))
+            all_reduce(code, "max", self.sharded.group)
+        verdict = int(code.item())
+        if verdict == 2:
+            raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)
+        return verdict == 1
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
@@ -342,7 +368,10 @@ class DistributedModel:
                 f"{tuple(padded.shape)}"
             )
         f_padded = f_padded.detach()
-        forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
+        if _folds_forces(spec):
+            forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
+        else:  # the spec says owned rows are already exact: ghost rows are dropped
+            forces = f_padded[: plan.n_owned]
         t0 = self._timer("fold", t0)
         final, partial = consolidate(
             {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
@@ -419,6 +448,34 @@ class DistributedPipelineModel(DistributedModel):
         self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
         finals["forces"] = forces
         return finals  # type: ignore[return-value]
+
+
+def _folds_forces(spec: MLIPSpec) -> bool:
+    """Whether ghost-row forces are folded into their owners under ``spec``.
+
+    Autograd forces are derivatives with respect to every padded row, so the
+    ghost rows' share always belongs to their owners; direct forces follow the
+    ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
+    exact, ghost rows are dropped).
+    """
+    if spec.force_strategy is ForceStrategy.AUTOGRAD:
+        return True
+    return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+
+
+def _nonfinite_message(batch: Batch) -> str | None:
+    """What is not finite on this rank (field, first atom id, value), or None."""
+    for name in ("positions", "velocities", "forces"):
+        t = getattr(batch, name)
+        bad = ~torch.isfinite(t).all(dim=1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            return (
+                f"{int(bad.sum())} of {batch.n_atoms} owned atoms have non-finite {name} "
+                f"(first: atom id {int(batch.atom_ids[row])}, {name} {t[row].tolist()}); "
+                "the time step may be too large or the model diverged"
+            )
+    return None
 
 
 def _device_problem(model: Any, device: torch.device) -> str | None:

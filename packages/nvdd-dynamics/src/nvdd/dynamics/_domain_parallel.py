@@ -15,7 +15,7 @@ from nvdd.core import (
     get_world_size,
     init_distributed,
 )
-from nvdd.dynamics._base import BaseDynamics, Reducer, _run_hooks_locally
+from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
@@ -71,6 +71,9 @@ class DomainParallel:
         one without a torchrun environment).
     sync_timings:
         Exact per-phase timings on GPUs (synchronises; for benchmarks).
+    count_collectives:
+        Record the collectives of every force call in
+        ``stats.last_collectives`` (off by default: it costs host time).
 
     Notes
     -----
@@ -91,6 +94,7 @@ class DomainParallel:
         backend: str | None = None,
         timeout_s: float = 600.0,
         sync_timings: bool = False,
+        count_collectives: bool = False,
     ) -> None:
         if not isinstance(dynamics, BaseDynamics):
             raise ConfigurationError(
@@ -114,7 +118,9 @@ class DomainParallel:
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
-        self.model = DistributedModel(dynamics.model, config, spec=spec, sync_timings=sync_timings)
+        self.model = DistributedModel(
+            dynamics.model, config, spec=spec, sync_timings=sync_timings, count=count_collectives
+        )
         self._sharded: ShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
@@ -164,7 +170,7 @@ class DomainParallel:
         self.model.attach(sharded)
         self._sharded = sharded
         dyn = self.dynamics
-        dyn.batch = sharded.local_batch
+        dyn.attach_state(sharded)  # the integrator's batch IS the sharded batch from now on
         dyn.force_provider = self.model
         dyn.reducer = MeshReducer(self.group)
         dyn.hook_runner = self._run_hooks
@@ -188,11 +194,6 @@ class DomainParallel:
         """
         return self.dynamics.register_hook(stage, fn, every=every, scope=scope, needs=needs)
 
-    def _sync(self) -> ShardedBatch:
-        sharded = self.sharded
-        sharded.update_from_batch(self.dynamics.batch, check=False)
-        return sharded
-
     def totals(self, names: tuple[str, ...] = _TOTALS) -> dict[str, torch.Tensor]:
         """Per-system totals of the last force computation (energy, stress, ...).
 
@@ -210,16 +211,16 @@ class DomainParallel:
         if needs:
             self.totals(tuple(needs))
         local = [h for h in hooks if h.scope is HookScope.LOCAL]
-        if local:
-            _run_hooks_locally(dyn, stage, local)
+        for h in local:
+            h.fn(self._ctx(dyn.batch, stage))
         shared = [h for h in hooks if h.scope is HookScope.GLOBAL]
         if shared:
-            whole = self._sync().to_global()  # one all-gather for every GLOBAL hook
+            whole = self.sharded.to_global()  # one all-gather for every GLOBAL hook
             for h in shared:
                 h.fn(self._ctx(whole, stage))
         zero = [h for h in hooks if h.scope is HookScope.RANK_ZERO]
         if zero:
-            gathered = self._sync().gather(0)
+            gathered = self.sharded.gather(0)
             if gathered is not None:
                 for h in zero:
                     h.fn(self._ctx(gathered, stage))
@@ -236,7 +237,17 @@ class DomainParallel:
 
     # -------------------------------------------------------------- running
     def step(self) -> None:
-        """One step of the inner integrator, decomposed. **Collective**."""
+        """One step of the inner integrator, decomposed. **Collective**.
+
+        The integrator's own stages run on this rank's owned atoms
+        (``pre_update``, ``compute``, ``post_update``, hooks); its ``compute``
+        calls :class:`DistributedModel`, which (1) all-reduces one flag: skin
+        used up, or a non-finite value anywhere; (2) if used up, migrates atoms
+        and rebuilds the halo plan; (3) exchanges ghost positions; (4) runs the
+        model on ``[owned | ghost]`` rows; (5) folds ghost contributions to their
+        owners as the spec says. Per-system totals are reduced only when a hook,
+        :meth:`totals` or :meth:`gather` needs them.
+        """
         self.sharded  # noqa: B018 - raises before any collective if not partitioned
         self.dynamics.step()
 
@@ -248,14 +259,38 @@ class DomainParallel:
 
     def gather(self, dst: int = 0) -> Batch | None:
         """The whole system in atom-id order on ``dst`` (None elsewhere), with the
-        per-system totals of the last force computation. **Collective**."""
+        forces and per-system totals of the current positions (computed first if
+        no step computed them yet). **Collective**."""
+        self.sharded  # noqa: B018
+        self.dynamics.ensure_forces()
         self.totals()
-        return self._sync().gather(dst)
+        return self.sharded.gather(dst)
 
     def to_global(self) -> Batch:
-        """The whole system on every rank. **Collective**."""
+        """The whole system on every rank, with forces and totals (see
+        :meth:`gather`). **Collective**."""
+        self.sharded  # noqa: B018
+        self.dynamics.ensure_forces()
         self.totals()
-        return self._sync().to_global()
+        return self.sharded.to_global()
+
+    def single_point(self, dst: int | None = 0) -> Batch | None:
+        """Forces, energy and stress of the current structure, computed now.
+
+        **Collective**. The single-point API: partition a fixed structure (or
+        change positions through ``dynamics.batch``), then call this; the model
+        runs once under the decomposition whatever was computed before.
+
+        Parameters
+        ----------
+        dst:
+            Rank that receives the whole system in atom-id order (None elsewhere);
+            ``None``: every rank receives it.
+        """
+        self.sharded  # noqa: B018
+        self.dynamics.compute()
+        self.totals()
+        return self.sharded.to_global() if dst is None else self.sharded.gather(dst)
 
     def close(self) -> None:
         """Restore the model's adapters and the integrator's single-process wiring.
@@ -270,6 +305,7 @@ class DomainParallel:
         finally:
             dyn = self.dynamics
             dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
+            dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
             self._sharded = None
 
     def __enter__(self) -> DomainParallel:

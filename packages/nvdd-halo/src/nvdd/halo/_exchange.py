@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
+from nvdd.core import all_to_all_single
 from nvdd.halo import _kernels
 from nvdd.halo._packing import pack_rows, row_layout, unpack_rows
 
@@ -96,7 +96,7 @@ def _all_to_all(route: Route, rows: torch.Tensor, forward: bool) -> torch.Tensor
     if not native:
         buf = buf.reshape(int(buf.shape[0]), -1).view(torch.uint8)
     out = torch.empty((n_out, *buf.shape[1:]), dtype=buf.dtype, device=route.comm_device)
-    dist.all_to_all_single(out, buf, recv_counts, send_counts, group=route.group)
+    all_to_all_single(out, buf, recv_counts, send_counts, group=route.group)
     if not native:
         out = out.view(rows.dtype).reshape(n_out, *trailing)
     return out.to(rows.device)

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
 from nvdd.core import (
     CapacityOverflowError,
     ConfigurationError,
     ValidationError,
+    all_to_all_single,
     comm_device,
     get_rank,
     get_world_size,
@@ -332,7 +332,7 @@ def _header_exchange(
         return header[:, 0].clone(), failure
     dev = comm_device(group)
     received = torch.empty(world, 2, dtype=torch.int64, device=dev)
-    dist.all_to_all_single(received, header.to(dev), group=group)
+    all_to_all_single(received, header.to(dev), group=group)
     received = received.cpu()
     return received[:, 0].contiguous(), Failure(int(received[:, 1].max()))
 
@@ -437,7 +437,7 @@ def build_halo_plan(
     else:
         cdev = comm_device(group)
         recv = torch.empty(sum(recv_list), META_WIDTH, dtype=torch.int64, device=cdev)
-        dist.all_to_all_single(recv, meta.to(cdev), recv_list, send_list, group=group)
+        all_to_all_single(recv, meta.to(cdev), recv_list, send_list, group=group)
         recv = recv.to(dev)
     owner_rank = torch.repeat_interleave(
         torch.arange(world, dtype=torch.int64), torch.as_tensor(recv_list, dtype=torch.int64)

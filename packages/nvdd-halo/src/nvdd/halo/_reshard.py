@@ -6,9 +6,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
-from nvdd.core import ValidationError, comm_device, get_rank, get_world_size, raise_if_any_rank
+from nvdd.core import (
+    ValidationError,
+    all_to_all_single,
+    comm_device,
+    get_rank,
+    get_world_size,
+    raise_if_any_rank,
+)
 from nvdd.halo._packing import RowLayout, pack_rows, row_layout, unpack_rows
 
 if TYPE_CHECKING:
@@ -112,7 +118,7 @@ def reshard_by_destination(
         header[:, _DIGEST] = layout.digest()
     header[:, _FAILED] = int(message is not None)
     received = torch.empty_like(header, device=dev)
-    dist.all_to_all_single(received, header.to(dev), group=group)
+    all_to_all_single(received, header.to(dev), group=group)
     received = received.cpu()
 
     # Every rank got every rank's flag and fingerprint, so this test has the same
@@ -135,5 +141,5 @@ def reshard_by_destination(
     else:
         send = pack_rows(tensors, layout, index=order, device=dev)
         out = torch.empty(n_recv, layout.row_bytes, dtype=torch.uint8, device=dev)
-        dist.all_to_all_single(out, send, recv_counts, send_counts, group=group)
+        all_to_all_single(out, send, recv_counts, send_counts, group=group)
     return dict(zip(names, unpack_rows(out, layout, device=destination.device), strict=True))

@@ -19,12 +19,14 @@ Domain-decomposition seam (d): per-atom tensors flow only through
 a per-atom tensor subclass (a ShardTensor) sees every gather and scatter through
 ``__torch_function__``; no custom or compiled op hides them.
 
-Under a live DD context (``SPEC_MPNN_HALO``) edges exist only for owned
-receivers, so after each aggregation the owned rows are exact and the ghost
-rows hold nothing; ``scatter_to_owners`` then folds the (zero) ghost partials
-into their owners and refreshes the ghost rows from them. Every row, ghost
-rows included, then updates from current values, so the ghost width stays one
-cutoff however many layers the model has. The energy is summed with
+Under a live DD context (``SPEC_MPNN_HALO``, ``ScatterMode.LOCAL``) edges exist
+only for owned receivers, so after each aggregation the owned rows are exact
+and the ghost rows hold nothing: the owned rows update, and
+``refresh_neighbors`` copies the new features to the ghost rows (no update work
+on ghost rows, one exchange per layer; none after the last layer, whose ghost
+rows nothing reads). The ghost width stays one cutoff however many layers the
+model has. With ``ScatterMode.FOLD`` the (zero) ghost partials are folded into
+their owners and every row updates (two exchanges per layer, same forces). The energy is summed with
 ``system_sum(..., scope=Scope.OWNED)`` (replicated on every rank, identity
 backward) and forces come from autograd with respect to the runtime's padded
 positions leaf (``autograd_target``): the backward of each fold routes the
@@ -46,8 +48,14 @@ from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._species import species_table
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import Scope, ShardTensor, scatter_to_owners
-from nvdd.spec import SPEC_MPNN_HALO
+from nvdd.shardtensor import (
+    Scope,
+    ShardTensor,
+    current_dd_context,
+    refresh_neighbors,
+    scatter_to_owners,
+)
+from nvdd.spec import SPEC_MPNN_HALO, ScatterMode
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
 
@@ -117,19 +125,39 @@ class _MessageLayer(torch.nn.Module):
         radial: torch.Tensor,
         receivers: torch.Tensor,
         senders: torch.Tensor,
+        n_update: int | None = None,
+        refresh: bool = True,
     ) -> torch.Tensor:
         """``h`` ``(n_atoms, F)``, ``radial`` ``(n_edges, K)`` -> new ``h``.
 
-        **Collective** under a live DD context (one fold of the aggregated
-        messages over the layout's group; every rank runs every layer).
+        ``n_update``: under DD with owned receivers only the first ``n_update``
+        (owned) rows receive messages, so only they are updated; the ghost rows
+        are then refreshed from their owners (``refresh``; skipped after the last
+        layer, whose ghost rows nothing reads). ``None``: the fold mode, every
+        row updated after the aggregated messages are folded to their owners.
+
+        **Collective** under a live DD context (one exchange over the layout's
+        group: a refresh, or a fold and a refresh in the fold mode; every rank
+        runs every layer).
         """
         weights = self.filter_out(silu(self.filter_in(radial)))
         messages = weights * self.sender(h).index_select(0, senders)
-        aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
-        if not isinstance(aggregated, ShardTensor):  # a ShardTensor's scatter folded already
-            aggregated = scatter_to_owners(aggregated)
-        update: torch.Tensor = self.update_out(silu(self.update_in(torch.cat([h, aggregated], 1))))
-        return h + update
+        if n_update is None or isinstance(h, ShardTensor):
+            aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
+            if not isinstance(aggregated, ShardTensor):  # a ShardTensor's scatter folded already
+                aggregated = scatter_to_owners(aggregated)
+            update: torch.Tensor = self.update_out(
+                silu(self.update_in(torch.cat([h, aggregated], 1)))
+            )
+            return h + update
+        own = h[:n_update]
+        aggregated = own.new_zeros(own.shape).index_add_(0, receivers, messages)
+        step: torch.Tensor = self.update_out(silu(self.update_in(torch.cat([own, aggregated], 1))))
+        own = own + step
+        if own.shape[0] == h.shape[0]:
+            return own
+        padded = torch.cat([own, h[n_update:]])
+        return refresh_neighbors(padded) if refresh else padded
 
 
 class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
@@ -160,8 +188,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     ``StrategyKind.HALO``: forces by autograd with respect to the padded
     positions (returned on every padded row, folded into owners by the runtime),
     energy replicated on every rank, virial and stress per-rank partials, atom
-    energies exact on owned rows; aggregated messages folded and ghost rows
-    refreshed after every layer.
+    energies exact on owned rows. Under its ``ScatterMode.LOCAL`` receivers are
+    owned, so each layer aggregates and updates the owned rows only and then
+    refreshes the ghost rows from their owners (one exchange per layer but the
+    last; ``ScatterMode.FOLD`` instead folds the aggregated messages and updates
+    every row: two exchanges per layer, the same forces).
     """
 
     _halo_preset = SPEC_MPNN_HALO
@@ -244,10 +275,26 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         r = torch.sqrt((r_vec * r_vec).sum(dim=1))
         radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
         h = self.embedding.index_select(0, rows)
-        for layer in self.layers:
-            h = layer(h, radial, edges.receivers, edges.senders)
-        energies: torch.Tensor = self.readout_out(silu(self.readout_in(h))).squeeze(1)
+        n_update = self._owned_rows()
+        last = len(self.layers) - 1
+        for k, layer in enumerate(self.layers):
+            h = layer(h, radial, edges.receivers, edges.senders, n_update, refresh=k < last)
+        if n_update is not None and n_update < h.shape[0]:
+            # Ghost rows' energies are never counted: read out the owned rows only.
+            own = self.readout_out(silu(self.readout_in(h[:n_update]))).squeeze(1)
+            energies = torch.cat([own, own.new_zeros(h.shape[0] - n_update)])
+        else:
+            energies = self.readout_out(silu(self.readout_in(h))).squeeze(1)
         return energies + self.species_energy.index_select(0, rows)
+
+    def _owned_rows(self) -> int | None:
+        """Rows that receive messages under the live DD context in the refresh mode
+        (``ScatterMode.LOCAL`` of the spec: owned receivers, ghost rows refreshed);
+        ``None`` in the fold mode or outside DD."""
+        layout = current_dd_context().layout
+        if layout is None or self._halo_preset.options.scatter is not ScatterMode.LOCAL:
+            return None
+        return int(layout.n_owned)
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -283,7 +330,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             ``forces`` are this rank's ``-dE/dx`` on every padded row (fold
             ghost rows into their owners), ``virial`` and ``stress`` are this
             rank's partials (sum them over ranks), ``atom_energies`` are exact on
-            owned rows (ghost rows copy their owners').
+            owned rows (ghost rows hold their species energy only).
 
         Raises
         ------
@@ -295,10 +342,10 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
 
         Notes
         -----
-        **Collective** under a live DD context: one fold per layer and one
-        all-reduce of the energy in the forward, one reverse fold per layer in
-        the backward, all over the context's group; every rank calls it at the
-        same point. No communication otherwise.
+        **Collective** under a live DD context: one refresh per layer but the
+        last and one all-reduce of the energy in the forward, one reverse
+        exchange per refresh in the backward, all over the context's group;
+        every rank calls it at the same point. No communication otherwise.
         """
         n_receivers, rows, edges = self._edges(
             batch, n_receivers, lambda: self._dtype_problem(batch)

@@ -19,11 +19,11 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, SupportsIndex, TypeGuard
 
 import torch
-import torch.distributed as dist
 
 from nvdd.core import (
     ConfigurationError,
     NvddError,
+    all_reduce,
     comm_device,
     get_rank,
     get_world_size,
@@ -276,7 +276,7 @@ def resolve_many(
             dtype=torch.int64,
             device=comm_device(group),
         )
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        all_reduce(t, "max", group)
         reduced = [int(v) for v in t.tolist()]
         if reduced[-3]:
             raise_if_any_rank(error, group, exc_type=exc_type)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from nvdd.core import ConfigurationError, comm_device, get_rank, get_world_size
+from nvdd.core import ConfigurationError, all_reduce, comm_device, get_world_size
+from nvdd.core import broadcast_object as core_broadcast_object
 from nvdd.halo import reshard_by_destination
 
 if TYPE_CHECKING:
@@ -46,18 +47,14 @@ def broadcast_object(obj: Any, src: int, group: ProcessGroup | None) -> Any:
     **Collective** over ``group``: every rank calls it; only ``src``'s ``obj`` is
     read. A no-op in a world of one rank.
     """
-    if get_world_size(group) == 1:
-        return obj
-    payload = [obj if get_rank(group) == src else None]
-    dist.broadcast_object_list(payload, group=group, group_src=src)
-    return payload[0]
+    return core_broadcast_object(obj, src, group)
 
 
-def _all_reduce(values: torch.Tensor, group: ProcessGroup | None, op: Any) -> torch.Tensor:
+def _all_reduce(values: torch.Tensor, group: ProcessGroup | None, op: str) -> torch.Tensor:
     if get_world_size(group) == 1:
         return values.cpu()
     t = values.to(comm_device(group), torch.int64)
-    dist.all_reduce(t, op=op, group=group)
+    all_reduce(t, op, group)
     return t.cpu()
 
 
@@ -66,7 +63,7 @@ def all_reduce_sum(values: torch.Tensor, group: ProcessGroup | None) -> torch.Te
 
     **Collective** over ``group`` (one all-reduce); identity in a world of one.
     """
-    return _all_reduce(values, group, dist.ReduceOp.SUM)
+    return _all_reduce(values, group, "sum")
 
 
 def all_reduce_max(values: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
@@ -74,7 +71,7 @@ def all_reduce_max(values: torch.Tensor, group: ProcessGroup | None) -> torch.Te
 
     **Collective** over ``group`` (one all-reduce); identity in a world of one.
     """
-    return _all_reduce(values, group, dist.ReduceOp.MAX)
+    return _all_reduce(values, group, "max")
 
 
 def reshard(

@@ -234,8 +234,17 @@ class ShardedBatch:
     # ------------------------------------------------------------------ basics
     @property
     def local_batch(self) -> Batch:
-        """This rank's owned atoms (in arrival order) and every system's fields."""
+        """This rank's owned atoms (in arrival order) and every system's fields.
+
+        The one owner of this rank's atom state under ``DomainParallel`` (the
+        integrator reads and writes its ``batch`` here). Assigning replaces the
+        owned rows without a check (local; :meth:`update_from_batch` checks).
+        """
         return self._local
+
+    @local_batch.setter
+    def local_batch(self, batch: Batch) -> None:
+        self._local = batch
 
     @property
     def partitioner(self) -> SpatialPartitioner:

@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from nvdd.core import (
     Batch,
     ConfigurationError,
     ValidationError,
+    broadcast_object,
     get_rank,
     get_world_size,
 )
@@ -257,12 +257,8 @@ class SpatialPartitioner:
             the group's.
         """
         world, rank = get_world_size(group), get_rank(group)
-        payload: list[Any] = [None]
-        if rank == src:
-            payload = [partitioner._s if isinstance(partitioner, SpatialPartitioner) else None]
-        if world > 1:
-            dist.broadcast_object_list(payload, group=group, group_src=src)
-        state = payload[0]
+        mine = partitioner._s if isinstance(partitioner, SpatialPartitioner) else None
+        state = broadcast_object(mine if rank == src else None, src, group)
         if not isinstance(state, _State):
             raise ConfigurationError(f"rank {src}: broadcast needs a SpatialPartitioner on src")
         if state.world_size != world:

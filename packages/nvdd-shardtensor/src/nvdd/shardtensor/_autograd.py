@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
+
+from nvdd.core import all_reduce as comm_all_reduce
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -27,7 +28,7 @@ class _SumOverRanks(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
         out = x.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        comm_all_reduce(out, "sum", group)
         return out
 
     @staticmethod

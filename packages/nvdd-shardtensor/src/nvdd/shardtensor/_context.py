@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
-from nvdd.core import ConfigurationError, ValidationError, comm_device, get_rank, get_world_size
+from nvdd.core import (
+    ConfigurationError,
+    ValidationError,
+    all_reduce,
+    comm_device,
+    get_rank,
+    get_world_size,
+)
 from nvdd.core import raise_if_any_rank as _raise_if_any_rank
 from nvdd.shardtensor._protocol import HaloLayout, check_layout
 
@@ -185,7 +191,7 @@ class DDContext:
                 -self.topology_version,
             ]
             t = torch.tensor(counts, dtype=torch.int64, device=comm_device(self.group))
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+            all_reduce(t, "max", self.group)
             hi_sys, lo_sys, hi_top, lo_top = (int(v) for v in t.tolist())
             if hi_sys != -lo_sys:
                 problems.append(

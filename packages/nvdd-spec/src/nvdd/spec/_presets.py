@@ -7,7 +7,7 @@ table in docs/design.md, "Spec presets"):
 preset             storage   forces     scatter           extra halo  global term
 =================  ========  =========  ================  ==========  =============
 SPEC_LJ_HALO       halo      direct     none              0           none
-SPEC_MPNN_HALO     halo      autograd   fold, per layer   0           none
+SPEC_MPNN_HALO     halo      autograd   local, per layer  0           none
 SPEC_UMA_HALO      halo      autograd   local, per layer  0           none
 SPEC_EWALD_HALO    halo      direct     none              0           reciprocal
 SPEC_PME_HALO      halo      direct     none              0           mesh
@@ -97,9 +97,11 @@ SPEC_MPNN_HALO = MLIPSpec(
     name="SPEC_MPNN_HALO",
     outputs=_SHORT_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.AUTOGRAD,
-    options=StrategyOptions(scatter=ScatterMode.FOLD, refresh_per_layer=True),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL, refresh_per_layer=True),
 )
-"""MACE, NequIP, Allegro, ORB: ghost features refreshed per layer, scatters folded."""
+"""MACE, NequIP, Allegro, ORB: owned receivers, so scatters stay local (ghost rows
+receive nothing) and ghost features are refreshed from their owners per layer:
+one exchange per layer instead of a fold's two, the same forces."""
 
 SPEC_UMA_HALO = MLIPSpec(
     name="SPEC_UMA_HALO",

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from nvdd.core import all_gather_object
+
 __all__ = [
     "TOLERANCES",
     "Tolerance",
@@ -49,8 +51,7 @@ def gather_by_id(
     """
     local = [ids.detach().cpu(), *(v.detach().cpu() for v in values)]
     if dist.is_initialized():
-        parts: list[list[torch.Tensor] | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, local, group=group)
+        parts: list[list[torch.Tensor] | None] = all_gather_object(local, group)
         cols = [torch.cat([p[i] for p in parts if p is not None]) for i in range(len(local))]
     else:
         cols = local
