@@ -176,3 +176,34 @@ def test_base_dynamics_validation() -> None:
     assert math.isclose(
         VelocityVerlet(Harmonic(b.positions), b, dt_fs=2.0).dt, 2 * 0.09822694788464063
     )
+
+
+@pytest.mark.parametrize("cls", [VelocityVerlet, FIRE])
+def test_the_callers_batch_is_never_modified(cls: type[BaseDynamics]) -> None:
+    """Integrators update their own copies in place (issue 13): the batch a caller
+    passed in keeps its values."""
+    b = _batch()
+    before = (b.positions.clone(), b.velocities.clone())
+    dyn = cls(Harmonic(b.positions.clone() + 0.3), b, dt_fs=1.0)
+    dyn.run(5)
+    assert not torch.equal(dyn.batch.positions, before[0])
+    assert torch.equal(b.positions, before[0])
+    assert torch.equal(b.velocities, before[1])
+
+
+def test_velocity_verlet_in_place_equals_the_textbook_update() -> None:
+    b = _batch()
+    model = Harmonic(b.positions.clone() + 0.3)
+    dyn = VelocityVerlet(model, b, dt_fs=2.0)
+    dyn.run(3)
+    x, v = b.positions.clone(), b.velocities.clone()
+    m = b.masses[:, None]
+    dt = dyn.dt
+    f = model(b.replace(positions=x))["forces"]
+    for _ in range(3):
+        v = v + 0.5 * dt * f / m
+        x = x + dt * v
+        f = model(b.replace(positions=x))["forces"]
+        v = v + 0.5 * dt * f / m
+    torch.testing.assert_close(dyn.batch.positions, x, rtol=0, atol=1e-14)
+    torch.testing.assert_close(dyn.batch.velocities, v, rtol=0, atol=1e-14)

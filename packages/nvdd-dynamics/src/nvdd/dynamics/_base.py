@@ -107,7 +107,9 @@ class BaseDynamics:
     Subclasses implement :meth:`pre_update` and :meth:`post_update` on
     ``self.batch`` (owned atoms only under DD) and may override
     :meth:`is_converged`. Per-atom integrator state must live in
-    ``batch.atom_extras`` so it travels with migrating atoms.
+    ``batch.atom_extras`` so it travels with migrating atoms. The integrator
+    keeps its own copies of the positions and velocities it is given, so it may
+    update them in place; the caller's batch is never modified.
 
     Parameters
     ----------
@@ -132,7 +134,10 @@ class BaseDynamics:
         if not dt_fs > 0:
             raise ConfigurationError(f"dt_fs must be positive, got {dt_fs!r}")
         self.model = model
-        self._state: StateOwner = _OwnState(batch)
+        # The integrator's own positions and velocities: integrators may update
+        # them in place without touching the caller's tensors.
+        own = batch.replace(positions=batch.positions.clone(), velocities=batch.velocities.clone())
+        self._state: StateOwner = _OwnState(own)
         self.dt_fs = float(dt_fs)
         self.step_count = 0
         self.converged = False
