@@ -67,7 +67,9 @@ def run_dd(
     ids_ok: list[bool] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # small test systems are often degenerate
-        dp = DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid))
+        # halo_on_one_rank: a 1-rank case exercises the halo path (periodic images)
+        config = DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid, halo_on_one_rank=True)
+        dp = DomainParallel(dyn, config)
         with dp:
             if every:
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from dyn_models import SoftPair, soft_pair_mpnn_spec
 
-from nvdd.core import Batch
+from nvdd.core import Batch, ConfigurationError
 from nvdd.dynamics import (
     DomainConfig,
     DomainParallel,
@@ -251,3 +251,43 @@ def test_compile_true_runs_a_compiled_forward_with_the_same_result() -> None:
     assert_close_by_id(
         got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="compiled forces"
     )
+
+
+def _one_rank(halo: bool) -> dict:
+    batch = make_gas(n=40)
+    dyn = VelocityVerlet(SoftPair(), batch, dt_fs=2.0)
+    config = DomainConfig(cutoff=2.5, skin=0.3, halo_on_one_rank=halo)
+    with DomainParallel(dyn, config) as dp:
+        dp.partition()
+        dp.run(20)
+        final = dp.gather(0)
+        assert final is not None
+        try:
+            plan = dp.model.plan.n_ghost
+        except ConfigurationError as exc:
+            plan = str(exc)
+        return {
+            "ids": final.atom_ids,
+            "positions": final.positions,
+            "forces": final.forces,
+            "energy": final.energy,
+            "n_ghost": dp.stats.n_ghost,
+            "plan": plan,
+        }
+
+
+@pytest.mark.parametrize("halo", [False, True])
+def test_one_rank_runs_the_whole_batch_unless_asked_for_the_halo(halo: bool) -> None:
+    got = run_ranks(_one_rank, 1, halo, timeout_s=120)[0]
+    ref = _reference(make_gas(n=40), 20, SoftPair())
+    order = torch.argsort(ref.atom_ids)
+    assert torch.equal(got["ids"], ref.atom_ids[order])
+    dx = _wrapped_diff(got["positions"], ref.positions[order], ref.cell[0], ref.pbc[0])
+    assert float(dx.abs().max()) < 1e-10
+    torch.testing.assert_close(got["forces"], ref.forces[order], rtol=0, atol=1e-10)
+    torch.testing.assert_close(got["energy"], ref.energy, rtol=0, atol=1e-10)
+    if halo:  # periodic images as ghost rows
+        assert got["n_ghost"] > 0 and isinstance(got["plan"], int)
+    else:  # no ghosts, no plan: DomainParallel on one device costs what the model costs
+        assert got["n_ghost"] == 0
+        assert "no halo plan" in got["plan"]

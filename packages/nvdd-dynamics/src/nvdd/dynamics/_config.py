@@ -52,6 +52,12 @@ class DomainConfig:
         owner's box; must be below ``skin``. Default ``skin / 4``.
     load_balance:
         Cut the boxes at atom-count quantiles instead of uniformly.
+    halo_on_one_rank:
+        On a world of one rank nothing needs decomposing: by default the model
+        runs on the whole batch with its own periodic boundaries (no ghost rows,
+        no exchanges), so ``DomainParallel`` on one GPU costs what the model
+        costs. ``True`` runs the full halo path anyway (periodic images as ghost
+        rows), to test or measure it on one device.
     """
 
     cutoff: float
@@ -65,6 +71,7 @@ class DomainConfig:
     grid_dims: tuple[int, int, int] | None = None
     migration_hysteresis: float | None = None
     load_balance: bool = False
+    halo_on_one_rank: bool = False
 
     def __post_init__(self) -> None:
         cutoff, skin = _real("cutoff", self.cutoff), _real("skin", self.skin)
@@ -82,6 +89,10 @@ class DomainConfig:
         if not isinstance(self.strategy, StrategyKind):
             raise ConfigurationError(
                 f"DomainConfig.strategy must be a StrategyKind, got {self.strategy!r}"
+            )
+        if not isinstance(self.halo_on_one_rank, bool):
+            raise ConfigurationError(
+                f"DomainConfig.halo_on_one_rank must be a bool, got {self.halo_on_one_rank!r}"
             )
         if not isinstance(self.compile, bool):
             raise ConfigurationError(f"DomainConfig.compile must be a bool, got {self.compile!r}")

@@ -39,7 +39,7 @@ from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.shardtensor import DDContext, dd_scope
-from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce
+from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
 
 if TYPE_CHECKING:
     from nvdd.partition import ShardedBatch
@@ -147,6 +147,7 @@ class DistributedModel:
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
         self._version = 0
+        self._whole = False
         self.pending: PendingTotals | None = None
 
     # ---------------------------------------------------------------- scope
@@ -162,6 +163,11 @@ class DistributedModel:
     @property
     def plan(self) -> HaloPlan:
         """The current halo plan (after :meth:`attach`)."""
+        if self._whole:
+            raise ConfigurationError(
+                "a world of one rank runs the model on the whole batch and has no halo plan "
+                "(DomainConfig(halo_on_one_rank=True) builds one)"
+            )
         if self._plan is None:
             raise ConfigurationError("DistributedModel: call attach(sharded_batch) first")
         return self._plan
@@ -185,6 +191,10 @@ class DistributedModel:
         )
         self._sharded = sharded
         self.pending = PendingTotals(sharded.group)
+        self._whole = self._runs_whole(sharded)
+        if self._whole:  # one rank: no decomposition, no adapters, no plan
+            self.stats.n_owned, self.stats.n_ghost = sharded.n_owned, 0
+            return
         self._registry.install()
         try:
             self._rebuild(sharded.local_batch, migrate=False)
@@ -195,8 +205,23 @@ class DistributedModel:
             self._registry.restore()
             raise
 
+    #: Whether a world of one rank may run the model on the whole batch.
+    _single_rank_passthrough = True
+
+    def _runs_whole(self, sharded: ShardedBatch) -> bool:
+        return (
+            self._single_rank_passthrough
+            and sharded.world_size == 1
+            and not self.config.halo_on_one_rank
+            and self.spec.strategy is StrategyKind.HALO
+        )
+
     def detach(self) -> None:
         """Restore the adapters and call the model's ``distributed_teardown``."""
+        if self._whole:
+            self._sharded = None
+            self._whole = False
+            return
         try:
             teardown = getattr(self.model, "distributed_teardown", None)
             if teardown is not None and self._sharded is not None:
@@ -230,6 +255,10 @@ class DistributedModel:
             sharded.local_batch = batch
         self.stats.calls += 1
         t0 = time.perf_counter()
+        if self._whole:  # one rank: the model on the whole batch, its own pbc
+            self._skin_used_up(batch)  # only its non-finite check matters here
+            t0 = self._timer("check", t0)
+            return batch, self._forward_whole(batch, t0)
         rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
         t0 = self._timer("check", t0)
         if rebuild:
@@ -318,6 +347,34 @@ class DistributedModel:
         self.stats.rebuilds += 1
         self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
         self._timer("plan", t0)
+
+    def _forward_whole(self, local: Batch, t0: float) -> ModelOutputs:
+        """The model on every atom with its periodic boundaries (a world of one)."""
+        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
+        pos = local.positions.detach()
+        if autograd:
+            pos = pos.clone().requires_grad_(True)
+        with torch.set_grad_enabled(autograd or torch.is_grad_enabled()):
+            raw = dict(self.forward_fn(local.replace(positions=pos)))
+        t0 = self._timer("model", t0)
+        if "forces" in raw:
+            forces = raw.pop("forces")
+        elif autograd and "energy" in raw:
+            (grad,) = torch.autograd.grad(raw["energy"].sum(), pos, allow_unused=True)
+            forces = -grad if grad is not None else torch.zeros_like(pos)
+        else:
+            raise ValidationError(
+                f"{type(self.model).__name__} returned neither 'forces' nor a differentiable "
+                f"'energy' (got {sorted(raw)}) under {self.spec.force_strategy}"
+            )
+        final: dict[str, Any] = {
+            k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()
+        }
+        final["forces"] = forces.detach()
+        assert self.pending is not None
+        self.pending.set({})  # every output is already the total
+        self._timer("reduce", t0)
+        return final  # type: ignore[return-value]
 
     def _context(self, plan: HaloPlan, positions: torch.Tensor | None) -> DDContext:
         return DDContext(
@@ -410,6 +467,8 @@ class DistributedPipelineModel(DistributedModel):
     config:
         The :class:`DomainConfig` (its cutoff must cover every component).
     """
+
+    _single_rank_passthrough = False
 
     def __init__(self, models: Sequence[Any], config: DomainConfig, **kwargs: Any) -> None:
         if not models:
