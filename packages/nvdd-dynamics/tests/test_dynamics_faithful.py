@@ -39,11 +39,16 @@ def _nan_mid_run(field: str, bad_rank: int) -> str:
 
 
 @pytest.mark.parametrize("field", ["positions", "velocities", "forces"])
-def test_a_nan_mid_run_stops_every_rank_with_the_atom_named(field: str) -> None:
-    out = run_ranks(_nan_mid_run, 2, field, 1, timeout_s=120)
-    assert out[0] == out[1], "the ranks disagree"
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_nan_mid_run_stops_every_rank_with_the_atom_named(field: str, world: int) -> None:
+    """Two ranks: the rebuild flag carries it (same step). One rank (the whole
+    batch, no decision to read): a lazily read flag, at most a few steps late on
+    a GPU, at once on the CPU, and always before run() returns."""
+    bad = world - 1
+    out = run_ranks(_nan_mid_run, world, field, bad, timeout_s=120)
+    assert all(o == out[0] for o in out), "the ranks disagree"
     assert out[0].startswith("step 3:"), out[0]
-    assert "rank 1: 1 of" in out[0] and f"non-finite {field}" in out[0]
+    assert f"rank {bad}: 1 of" in out[0] and f"non-finite {field}" in out[0]
     assert "atom id" in out[0]
 
 
@@ -110,3 +115,17 @@ def test_gather_after_partition_and_single_point_compute_forces() -> None:
         ids2, f2, e2 = got[rank]["single_point"]
         assert_close_by_id(ids2, f2, scaled.atom_ids, ref2["forces"], atol=1e-12, what="forces")
         assert float((e2 - ref2["energy"]).abs().max()) < 1e-12
+
+
+@pytest.mark.gpu
+def test_the_lazy_flag_reads_a_cuda_nan_without_blocking_each_step() -> None:
+    from nvdd.dynamics._finite import LazyFiniteCheck
+
+    batch = make_gas(n=40).to("cuda")
+    check = LazyFiniteCheck()
+    check.push(batch)
+    assert check.poll(block=True) is False
+    v = batch.velocities.clone()
+    v[3, 0] = float("inf")
+    check.push(batch.replace(velocities=v))
+    assert check.poll(block=True) is True

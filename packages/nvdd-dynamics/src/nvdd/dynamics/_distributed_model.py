@@ -37,6 +37,7 @@ from nvdd.core import (
 )
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
+from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.shardtensor import DDContext, dd_scope
 from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
@@ -148,6 +149,7 @@ class DistributedModel:
         self._ref_positions: torch.Tensor | None = None
         self._version = 0
         self._whole = False
+        self._finite = LazyFiniteCheck()
         self.pending: PendingTotals | None = None
 
     # ---------------------------------------------------------------- scope
@@ -256,7 +258,9 @@ class DistributedModel:
         self.stats.calls += 1
         t0 = time.perf_counter()
         if self._whole:  # one rank: the model on the whole batch, its own pbc
-            self._skin_used_up(batch)  # only its non-finite check matters here
+            self._finite.push(batch)  # no decision to make: no host sync either
+            if self._finite.poll():
+                self.check_finite()
             t0 = self._timer("check", t0)
             return batch, self._forward_whole(batch, t0)
         rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
@@ -267,6 +271,20 @@ class DistributedModel:
         local = sharded.local_batch
         outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
         return local, outputs
+
+    def check_finite(self) -> None:
+        """Raise on every rank if any rank holds a non-finite position, velocity or
+        force. **Collective** over the mesh (one all-reduce of a flag; only on
+        failure a gather of the messages). Also reads every flag queued by a
+        one-rank step (:class:`LazyFiniteCheck`)."""
+        batch = self.sharded.local_batch
+        self._finite.poll(block=True)
+        flag = nonfinite_flag(batch).reshape(1)
+        if get_world_size(self.sharded.group) > 1:
+            flag = flag.to(comm_device(self.sharded.group))
+            all_reduce(flag, "max", self.sharded.group)
+        if int(flag.item()):
+            raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)
 
     def _skin_used_up(self, batch: Batch) -> bool:
         """Whether any rank must migrate and rebuild its plan (Verlet criterion).
@@ -288,10 +306,7 @@ class DistributedModel:
         else:
             d2 = ((pos - ref) ** 2).sum(dim=1).amax()
             moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
-        finite = torch.isfinite(pos).all()
-        for t in (batch.velocities, batch.forces):
-            finite = finite & torch.isfinite(t).all()
-        code = torch.where(finite, moved, torch.full_like(moved, 2)).reshape(1)
+        code = torch.where(nonfinite_flag(batch) == 0, moved, torch.full_like(moved, 2)).reshape(1)
         if get_world_size(self.sharded.group) > 1:
             code = code.to(comm_device(self.sharded.group))
             all_reduce(code, "max", self.sharded.group)

@@ -255,7 +255,9 @@ class DomainParallel:
         """Up to ``n_steps`` steps; stops when the integrator converges mesh-wide.
         **Collective**; returns whether it converged."""
         self.sharded  # noqa: B018
-        return self.dynamics.run(n_steps)
+        converged = self.dynamics.run(n_steps)
+        self.model.check_finite()  # the last step's forces, and any queued flag
+        return converged
 
     def gather(self, dst: int = 0) -> Batch | None:
         """The whole system in atom-id order on ``dst`` (None elsewhere), with the
@@ -263,6 +265,7 @@ class DomainParallel:
         no step computed them yet). **Collective**."""
         self.sharded  # noqa: B018
         self.dynamics.ensure_forces()
+        self.model.check_finite()
         self.totals()
         return self.sharded.gather(dst)
 
@@ -271,6 +274,7 @@ class DomainParallel:
         :meth:`gather`). **Collective**."""
         self.sharded  # noqa: B018
         self.dynamics.ensure_forces()
+        self.model.check_finite()
         self.totals()
         return self.sharded.to_global()
 

@@ -1,0 +1,64 @@
+"""Non-finite detection without a host synchronisation per step.
+
+A multi-rank step reads one all-reduced flag anyway (the rebuild decision) and
+carries the non-finite check in it. A step that needs no decision (one rank, the
+whole batch) should not stall the host on the device just to look for NaN:
+:class:`LazyFiniteCheck` computes the flag on the device every step, copies it to
+pinned host memory without blocking, and reads it once the copy has landed (on
+CUDA, polled with an event; on the CPU at once). A NaN is therefore reported at
+most a few steps late, always before :meth:`flush` returns (``DomainParallel``
+flushes at the end of every ``run`` and before every gather).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch
+
+__all__ = ["LazyFiniteCheck", "nonfinite_flag"]
+
+
+def nonfinite_flag(batch: Batch) -> torch.Tensor:
+    """int32 0-dim tensor on the atoms' device: 1 if any position, velocity or
+    force is not finite, else 0 (no host synchronisation)."""
+    finite = torch.isfinite(batch.positions.detach()).all()
+    for t in (batch.velocities, batch.forces):
+        finite = finite & torch.isfinite(t).all()
+    return (~finite).to(torch.int32)
+
+
+class LazyFiniteCheck:
+    """Device flags read by the host once they are ready (see the module notes)."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[torch.Tensor, Any]] = deque()
+
+    def push(self, batch: Batch) -> None:
+        """Queue this step's flag (no synchronisation)."""
+        flag = nonfinite_flag(batch)
+        if flag.device.type == "cuda":
+            host = torch.empty((), dtype=torch.int32, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            self._pending.append((host, event))
+        else:
+            self._pending.append((flag, None))
+
+    def poll(self, *, block: bool = False) -> bool:
+        """True if a ready flag (every flag with ``block``) says non-finite; the
+        flags read are dropped."""
+        bad = False
+        while self._pending:
+            host, event = self._pending[0]
+            if event is not None and not block and not event.query():
+                break
+            if event is not None:
+                event.synchronize()
+            self._pending.popleft()
+            bad = bad or bool(int(host) != 0)
+        return bad
