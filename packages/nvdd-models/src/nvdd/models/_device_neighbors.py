@@ -1,0 +1,638 @@
+"""`DeviceVerletList`: a neighbour matrix searched and reused on the device.
+
+The search (``_cell_kernels``) runs in the positions' dtype, on CPU or CUDA, and
+writes a compact list: ``neighbors`` int32 ``(capacity, n_rows)`` (slot-major:
+``neighbors[c, i]`` is row ``i``'s ``c``-th neighbour), ``counts`` int32
+``(n_rows,)`` and, when a system is periodic, ``codes`` int32
+``(capacity, n_rows)``: the image shift ``S`` of each entry packed 10 bits per
+axis, with ``r_ij = x[j] - x[i] + S @ cell[system[i]]``.
+
+**Verlet reuse without host synchronisation.** Every call launches the same
+chain of kernels: a check (did an atom move more than ``skin / 2`` since the
+last build, or is one not finite; did the cell or, when the host saw a new
+tensor, a system index change), then the build kernels, which return at once
+unless the check (or the host) asked for a rebuild. The host never needs to
+know whether a rebuild happened: buffers have fixed shapes between host-side
+rebuilds. A step that rebuilds nothing performs no device-to-host copy.
+
+**No silent truncation.** A row whose neighbours do not fit the capacity keeps
+its true count (``counts[i] > capacity``; ``-1`` when an image shift does not
+fit its code): the force kernel then walks the cells of the search for that
+row (exact, slower), so an overflow can slow a step down but never change a
+force. The flags of every call are copied to pinned host memory
+asynchronously; the next call reads the copy if it has arrived (no waiting)
+and grows the capacity (a host-side rebuild) when it was exceeded. Host-side
+rebuilds (the first call, a new shape, ``n_receivers`` or ``topology``, a new
+``pbc`` tensor, a regrow) synchronise once, size the capacity exactly and
+raise on errors at once.
+
+**Errors are sticky.** NaN or infinite positions, a singular periodic cell,
+or positions spanning more cells than a key holds set an error bit; while it
+is set every output of the force kernel is NaN, and the host raises a
+:class:`~nvdd.core.ValidationError` when it reads the flags (on CPU at the end
+of the same call, on CUDA at the next call) or, with ``defer_errors=True``
+(domain decomposition: a local raise would leave other ranks waiting in a
+collective), records the message in :attr:`DeviceVerletList.pending_error`
+for the caller to share.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nvdd.core import ValidationError, get_rank
+from nvdd.models import _cell_kernels as ck
+from nvdd.models._checks import check_geometry, check_positive, check_receivers, config_error, fail
+from nvdd.models._warp import Kernel, declare_overloads
+
+__all__ = ["DeviceVerletList", "NeighborMatrix"]
+
+_CHECK = Kernel(ck.check_kernel, floats=(7,))
+_FRAME = Kernel(ck.frame_kernel, floats=(2, 3))
+_ASSIGN = Kernel(ck.assign_kernel, floats=(4,))
+_SCATTER = Kernel(ck.scatter_kernel)
+_BUILD = Kernel(ck.build_kernel, floats=(9,))
+
+#: Cells a little higher than the search radius: rounding of the coordinates
+#: (relative 1e-7 in float32) can never push a neighbour past the next cell.
+_CELL_MARGIN = 1e-3
+_FIRST_CAPACITY = 16
+_ERRORS = {
+    ck.ERR_NONFINITE: "positions hold NaN or infinite values",
+    ck.ERR_CELL: "a periodic cell is singular or not finite",
+    ck.ERR_RANGE: (
+        f"positions span more than {ck.KEY_LIMIT - ck.MAX_SPAN} search cells on an open axis "
+        f"(or {ck.IMAGE_LIMIT} periodic images)"
+    ),
+    ck.ERR_IMAGES: (
+        f"a periodic cell is thinner than the search radius / {ck.MAX_SPAN} (more than "
+        f"{ck.MAX_SPAN} images per axis)"
+    ),
+}
+
+
+class _Seen:
+    """Remembers one tensor by identity and version (content unchanged since)."""
+
+    def __init__(self) -> None:
+        self._ref: weakref.ReferenceType[torch.Tensor] | None = None
+        self._version = -1
+
+    def same(self, t: torch.Tensor) -> bool:
+        return self._ref is not None and self._ref() is t and t._version == self._version
+
+    def remember(self, t: torch.Tensor) -> None:
+        self._ref = weakref.ref(t)
+        self._version = t._version
+
+
+@dataclass
+class _State:
+    """Device buffers of one layout (rows, systems, dtype, device, receivers)."""
+
+    key: tuple[object, ...]
+    n_atoms: int
+    n_rows: int
+    n_recv: int
+    flags: torch.Tensor
+    host: Any  # ctypes view of the flags' host copy
+    pinned: torch.Tensor | None
+    event: Any  # torch.cuda.Event | None
+    pending: bool
+    ref_positions: torch.Tensor
+    ref_system: torch.Tensor
+    ref_cell: torch.Tensor
+    pbc: torch.Tensor
+    periodic: bool
+    frame: torch.Tensor
+    grid: torch.Tensor
+    slot_key: torch.Tensor
+    slot_count: torch.Tensor
+    slot_end: torch.Tensor
+    row_key: torch.Tensor
+    row_image: torch.Tensor
+    row_slot: torch.Tensor
+    row_rank: torch.Tensor
+    sorted_row: torch.Tensor
+    sorted_pos: torch.Tensor
+    sorted_image: torch.Tensor
+    neighbors: torch.Tensor
+    codes: torch.Tensor
+    counts: torch.Tensor
+
+
+@dataclass(frozen=True)
+class NeighborMatrix:
+    """The device list of one call (views of the list's buffers: valid until its next call).
+
+    Attributes
+    ----------
+    neighbors:
+        Int32, shape ``(capacity, n_rows)``: ``neighbors[c, i]`` for
+        ``c < counts[i]``.
+    counts:
+        Int32, shape ``(n_rows,)``: neighbours of each row (may exceed the
+        capacity; -1 when a shift did not fit: the row must walk the cells).
+    codes:
+        Int32, shape ``(capacity, n_rows)``, packed image shifts; a ``(1, 1)``
+        placeholder when no system is periodic (all shifts zero).
+    periodic:
+        Whether ``codes`` holds shifts.
+    half:
+        One direction per pair (see ``_cell_kernels.keep_pair``), else both.
+    n_receivers:
+        Rows ``< n_receivers`` are owned; pairs without an owned end are absent.
+    radius:
+        The search radius (cutoff + skin): entries are within it at the last
+        build; the caller filters by its cutoff at the current positions.
+    """
+
+    neighbors: torch.Tensor
+    counts: torch.Tensor
+    codes: torch.Tensor
+    periodic: bool
+    half: bool
+    n_receivers: int
+    radius: float
+    state: _State
+
+    @property
+    def n_rows(self) -> int:
+        """Rows with a list (``n_receivers`` for a half list, else every row)."""
+        return int(self.counts.shape[0])
+
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(i, j, S)`` of every entry, int64 ``(n,)``, ``(n,)``, ``(n, 3)`` (host sync).
+
+        For tests and inspection. Raises :class:`ValidationError` when a row
+        overflowed the matrix (its entries live only in the cell walk).
+        """
+        counts = self.counts.long()
+        capacity = int(self.neighbors.shape[0])
+        if bool(((counts < 0) | (counts > capacity)).any()):
+            fail(f"{int(((counts < 0) | (counts > capacity)).sum())} rows overflowed the matrix")
+        slot = torch.arange(capacity, device=counts.device)[:, None]
+        mask = slot < counts[None, :]
+        rows = torch.arange(self.n_rows, device=counts.device)[None, :].expand_as(mask)
+        i, j = rows[mask], self.neighbors.long()[mask]
+        if not self.periodic:
+            return i, j, torch.zeros(i.shape[0], 3, dtype=torch.int64, device=i.device)
+        code = self.codes.long()[mask]
+        shifts = torch.stack([((code >> (10 * a)) & 1023) - ck.CODE_BIAS for a in range(3)], 1)
+        return i, j, shifts
+
+
+class DeviceVerletList:
+    """A neighbour matrix built and reused on the device (see the module notes).
+
+    Parameters
+    ----------
+    cutoff:
+        Interaction cutoff (Angstrom); the search radius is ``cutoff + skin``.
+    skin:
+        Verlet skin, ``>= 0``: the list is rebuilt when an atom moved more than
+        ``skin / 2`` since the last build.
+    half:
+        Keep one direction per pair (the default) or both.
+    cells_per_cutoff:
+        Cells per search radius along each axis (1 or more): more, smaller cells
+        test fewer candidates and look up more cells.
+    defer_errors:
+        Record errors read from asynchronous flags in :attr:`pending_error`
+        instead of raising (for callers that must raise on every rank together).
+
+    Attributes
+    ----------
+    pending_error:
+        The message of an error seen but not raised (``defer_errors``), else None.
+    host_rebuilds:
+        Host-side rebuilds so far (each synchronises once).
+    """
+
+    def __init__(
+        self,
+        cutoff: float,
+        skin: float = 0.0,
+        *,
+        half: bool = True,
+        cells_per_cutoff: int = 1,
+        defer_errors: bool = False,
+    ) -> None:
+        check_positive("cutoff", cutoff)
+        check_positive("skin", skin, allow_zero=True)
+        if isinstance(cells_per_cutoff, bool) or cells_per_cutoff not in range(1, 5):
+            raise config_error(f"cells_per_cutoff must be 1..4, got {cells_per_cutoff!r}")
+        self._cutoff = float(cutoff)
+        self._skin = float(skin)
+        self._half = bool(half)
+        self._cells = int(cells_per_cutoff)
+        self.defer_errors = bool(defer_errors)
+        self._capacity = _FIRST_CAPACITY
+        self._state: _State | None = None
+        self._call = 0
+        self._regrow = 0
+        self._seen_pbc = _Seen()
+        self._seen_system = _Seen()
+        self.pending_error: str | None = None
+        self.host_rebuilds = 0
+        #: Launch only the check on CPU when nothing is rebuilt (reading the
+        #: flag costs nothing there); tests turn it off to run the CUDA order.
+        self.skip_idle_launches = True
+
+    # ------------------------------------------------------------ properties
+    @property
+    def cutoff(self) -> float:
+        """The interaction cutoff."""
+        return self._cutoff
+
+    @property
+    def skin(self) -> float:
+        """The Verlet skin."""
+        return self._skin
+
+    @property
+    def radius(self) -> float:
+        """The search radius ``cutoff + skin``."""
+        return self._cutoff + self._skin
+
+    @property
+    def half(self) -> bool:
+        """Whether the list keeps one direction per pair."""
+        return self._half
+
+    @property
+    def capacity(self) -> int:
+        """Neighbours per row the matrix holds (grows on demand, never shrinks)."""
+        return self._capacity
+
+    @property
+    def n_builds(self) -> int:
+        """Builds so far, host- and device-decided (reads the device: synchronises)."""
+        state = self._state
+        return 0 if state is None else int(state.flags[ck.F_BUILDS].item())
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceVerletList(cutoff={self._cutoff}, skin={self._skin}, half={self._half}, "
+            f"capacity={self._capacity})"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Device buffers and weak references do not travel; a copy rebuilds.
+        return {
+            "cutoff": self._cutoff,
+            "skin": self._skin,
+            "half": self._half,
+            "cells": self._cells,
+            "defer": self.defer_errors,
+            "capacity": self._capacity,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["cutoff"],
+            state["skin"],
+            half=state["half"],
+            cells_per_cutoff=state["cells"],
+            defer_errors=state["defer"],
+        )
+        self._capacity = int(state["capacity"])
+
+    def reset(self) -> None:
+        """Forget the list and its buffers; the next call rebuilds on the host."""
+        self._state = None
+        self._seen_pbc = _Seen()
+        self._seen_system = _Seen()
+        self.pending_error = None
+
+    # ------------------------------------------------------------------ call
+    def __call__(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        pbc: torch.Tensor,
+        system_index: torch.Tensor,
+        *,
+        n_receivers: int | None = None,
+        topology: object = None,
+        validated: bool = False,
+    ) -> NeighborMatrix:
+        """The list at ``positions`` (built or reused).
+
+        Parameters
+        ----------
+        positions:
+            float32 or float64, shape ``(n_atoms, 3)``, on CPU or CUDA.
+        cell:
+            Same dtype, shape ``(n_systems, 3, 3)``; rows are lattice vectors
+            (only periodic ones are read).
+        pbc:
+            Bool, shape ``(n_systems, 3)``.
+        system_index:
+            Int64, shape ``(n_atoms,)``, values in ``[0, n_systems)``.
+        n_receivers:
+            Rows ``< n_receivers`` are owned (default: every row); pairs without
+            an owned end are left out, and a half list gives each pair with one
+            owned end to that end (ghost rows then have no list).
+        topology:
+            A token compared with ``==``; a change forces a host-side rebuild
+            (the caller's rows now hold other atoms).
+        validated:
+            The caller already checked the system indices' range (they index
+            device arrays: an unchecked value out of range would read out of
+            bounds). Otherwise they are checked when a new tensor arrives
+            (one synchronisation).
+
+        Returns
+        -------
+        NeighborMatrix
+            Views of the list's buffers, valid until the next call.
+
+        Raises
+        ------
+        ValidationError
+            On malformed inputs (host-side checks), an error flag (see the
+            module notes) unless ``defer_errors``, or more than
+            ``MAX_SYSTEMS - 1`` systems.
+        """
+        fail(check_geometry(positions, cell, pbc, system_index))
+        n_atoms = int(positions.shape[0])
+        fail(check_receivers(n_receivers, n_atoms))
+        if positions.dtype not in (torch.float32, torch.float64):
+            fail(f"positions must be float32 or float64, got {positions.dtype}")
+        if positions.device.type not in ("cpu", "cuda"):
+            fail(f"positions must be on CPU or CUDA, got {positions.device}")
+        n_systems = int(cell.shape[0])
+        if n_systems >= ck.MAX_SYSTEMS:
+            fail(f"{n_systems} systems: the device search holds at most {ck.MAX_SYSTEMS - 1}")
+        n_recv = n_atoms if n_receivers is None else int(n_receivers)
+        pos = positions.detach()
+        cell_d = cell.detach()
+        state = self._state
+        if state is not None:
+            self._poll(state, wait=False)
+        key = (n_atoms, n_systems, pos.dtype, pos.device, n_recv, topology)
+        force = state is None or state.key != key or self._regrow > 0
+        if force:
+            if self._regrow > self._capacity:
+                self._capacity = _grown(self._regrow)
+            self._regrow = 0
+            state = self._allocate(key, pos, n_systems, n_recv, state)
+        assert state is not None
+        if not self._seen_pbc.same(pbc):
+            state.pbc = pbc.to(torch.int32).contiguous()
+            periodic = bool(pbc.any())  # one synchronisation, only for a new pbc tensor
+            if periodic != state.periodic:
+                state.periodic = periodic
+                self._resize_matrix(state)
+            self._seen_pbc.remember(pbc)
+            force = True
+        track = not self._seen_system.same(system_index)
+        if track and not validated:
+            _check_system_range(system_index, n_systems)
+        self._run(state, pos, cell_d, system_index, force=force, track=track)
+        self._seen_system.remember(system_index)
+        return NeighborMatrix(
+            neighbors=state.neighbors,
+            counts=state.counts,
+            codes=state.codes,
+            periodic=state.periodic,
+            half=self._half,
+            n_receivers=state.n_recv,
+            radius=self.radius,
+            state=state,
+        )
+
+    def poll(self, *, wait: bool = True) -> None:
+        """Read the flags now (``wait``: synchronise) and raise or regrow as a call would."""
+        if self._state is not None:
+            self._poll(self._state, wait=wait)
+
+    # ------------------------------------------------------------- internals
+    def _run(
+        self,
+        state: _State,
+        pos: torch.Tensor,
+        cell: torch.Tensor,
+        system_index: torch.Tensor,
+        *,
+        force: bool,
+        track: bool,
+    ) -> None:
+        """Launch the check and the build chain; host-side rebuilds size the matrix."""
+        while True:
+            self._call = (self._call + 1) & 0x3FFFFFFF
+            self._launch_chain(state, pos, cell, system_index, force=force, track=track)
+            if not force:
+                self._after_call(state)
+                return
+            self.host_rebuilds += 1
+            values = state.flags.tolist()  # host-side rebuild: one synchronisation
+            self._raise_errors(state, int(values[ck.F_ERROR]))
+            needed = int(values[ck.F_MAX_COUNT])
+            if needed <= self._capacity:
+                return
+            self._capacity = _grown(needed)
+            self._resize_matrix(state)
+
+    def _launch_chain(
+        self,
+        state: _State,
+        pos: torch.Tensor,
+        cell: torch.Tensor,
+        system_index: torch.Tensor,
+        *,
+        force: bool,
+        track: bool,
+    ) -> None:
+        declare_overloads(_CHECK, _FRAME, _ASSIGN, _SCATTER, _BUILD)
+        dev, dtype = pos.device, pos.dtype
+        n, n_sys, call = state.n_atoms, int(cell.shape[0]), self._call
+        cell_flat = cell.reshape(-1)
+        half_skin = 0.5 * self._skin
+        threshold2 = half_skin * half_skin * (1.0 - 1e-6)
+        radius = self.radius
+        height = radius * (1.0 + _CELL_MARGIN) / self._cells
+        flags = state.flags
+        if not force:
+            _CHECK(
+                max(n, n_sys * 9),
+                [pos, state.ref_positions, system_index, state.ref_system, int(track),
+                 cell_flat, state.ref_cell, threshold2, call, flags],
+                dev, dtype,
+            )  # fmt: skip
+            if self.skip_idle_launches and dev.type == "cpu" and state.host[ck.F_REBUILD] != call:
+                return
+        f = int(force)
+        table = int(state.slot_key.shape[0])
+        _FRAME(
+            max(table, n_sys),
+            [cell, state.pbc, radius, height, state.frame, state.grid, state.slot_key,
+             state.slot_count, call, f, flags],
+            dev, dtype,
+        )  # fmt: skip
+        _ASSIGN(
+            max(n, n_sys * 9),
+            [pos, system_index, state.frame, state.grid, height, cell_flat, state.ref_positions,
+             state.ref_system, 1, state.ref_cell, state.slot_key, state.slot_count, state.row_key,
+             state.row_image, state.row_slot, state.row_rank, call, f, flags],
+            dev, dtype,
+        )  # fmt: skip
+        torch.cumsum(state.slot_count, 0, dtype=torch.int32, out=state.slot_end)
+        _SCATTER(
+            n,
+            [pos, system_index, cell, state.row_image, state.row_slot, state.row_rank,
+             state.slot_count, state.slot_end, state.sorted_row, state.sorted_pos,
+             state.sorted_image, call, f, flags],
+            dev, dtype,
+        )  # fmt: skip
+        _BUILD(
+            n,
+            [state.sorted_row, state.sorted_pos, state.sorted_image, state.row_key, cell,
+             state.grid, state.slot_key, state.slot_count, state.slot_end, radius * radius,
+             state.n_rows, state.n_recv, int(self._half), int(state.periodic), state.neighbors,
+             state.codes, state.counts, call, f, flags],
+            dev, dtype,
+        )  # fmt: skip
+
+    def _after_call(self, state: _State) -> None:
+        """Start the asynchronous copy of the flags (CUDA); read them at once (CPU)."""
+        if state.pinned is None:
+            self._inspect(state, state.host)
+            return
+        state.pinned.copy_(state.flags, non_blocking=True)
+        state.event.record(torch.cuda.current_stream(state.flags.device))
+        state.pending = True
+
+    def _poll(self, state: _State, *, wait: bool) -> None:
+        if state.pinned is None:
+            self._inspect(state, state.host)
+            return
+        if not state.pending:
+            return
+        if wait:
+            state.event.synchronize()
+        elif not state.event.query():
+            return
+        state.pending = False
+        self._inspect(state, state.host)
+
+    def _inspect(self, state: _State, values: Any) -> None:
+        errors = int(values[ck.F_ERROR])
+        if errors:
+            self._raise_errors(state, errors)
+        needed = int(values[ck.F_MAX_COUNT])
+        if needed > self._capacity:
+            self._regrow = needed
+
+    def _raise_errors(self, state: _State, errors: int) -> None:
+        """Raise (and drop the list: the next call starts afresh), or with
+        ``defer_errors`` record the message; the error bits stay set, so the
+        outputs stay NaN until the list is rebuilt on the host."""
+        if not errors:
+            return
+        what = "; ".join(text for bit, text in _ERRORS.items() if errors & bit)
+        message = (
+            f"rank {get_rank()}: device neighbour search of {state.n_atoms} atoms: {what} "
+            f"(cutoff {self._cutoff}, skin {self._skin}); outputs are NaN until a rebuild"
+        )
+        if self.defer_errors:
+            self.pending_error = message
+            return
+        self._state = None
+        raise ValidationError(message)
+
+    def _allocate(
+        self,
+        key: tuple[object, ...],
+        pos: torch.Tensor,
+        n_systems: int,
+        n_recv: int,
+        old: _State | None,
+    ) -> _State:
+        dev, dtype = pos.device, pos.dtype
+        n = int(pos.shape[0])
+        n_rows = n_recv if self._half else n
+        table = 1 << max(6, math.ceil(math.log2(max(1, 3 * n // 2 + 1))))
+        i32, i64 = torch.int32, torch.int64
+        flags = torch.zeros(ck.N_FLAGS, dtype=i32, device=dev)
+        pinned = event = None
+        if dev.type == "cuda":  # pragma: no cover - CUDA only
+            pinned = torch.zeros(ck.N_FLAGS, dtype=i32, pin_memory=True)
+            host = _host_view(pinned)
+            event = torch.cuda.Event()
+        else:
+            host = _host_view(flags)
+        if old is not None and old.flags.device == dev:
+            flags[ck.F_BUILDS] = old.flags[ck.F_BUILDS]  # the count survives a reallocation
+        periodic = old.periodic if old is not None else True
+        state = _State(
+            key=key,
+            n_atoms=n,
+            n_rows=n_rows,
+            n_recv=n_recv,
+            flags=flags,
+            host=host,
+            pinned=pinned,
+            event=event,
+            pending=False,
+            ref_positions=torch.zeros(n, 3, dtype=dtype, device=dev),
+            ref_system=torch.zeros(n, dtype=i64, device=dev),
+            ref_cell=torch.zeros(n_systems * 9, dtype=dtype, device=dev),
+            pbc=torch.zeros(n_systems, 3, dtype=i32, device=dev),
+            periodic=periodic,
+            frame=torch.zeros(n_systems, 9, dtype=dtype, device=dev),
+            grid=torch.zeros(n_systems, 9, dtype=i32, device=dev),
+            slot_key=torch.full((table,), -1, dtype=i64, device=dev),
+            slot_count=torch.zeros(table, dtype=i32, device=dev),
+            slot_end=torch.zeros(table, dtype=i32, device=dev),
+            row_key=torch.zeros(n, dtype=i64, device=dev),
+            row_image=torch.zeros(n, 3, dtype=i32, device=dev),
+            row_slot=torch.zeros(n, dtype=i32, device=dev),
+            row_rank=torch.zeros(n, dtype=i32, device=dev),
+            sorted_row=torch.zeros(n, dtype=i32, device=dev),
+            sorted_pos=torch.zeros(n, 3, dtype=dtype, device=dev),
+            sorted_image=torch.zeros(n, 3, dtype=i32, device=dev),
+            neighbors=torch.zeros(0, dtype=i32, device=dev),
+            codes=torch.zeros(0, dtype=i32, device=dev),
+            counts=torch.zeros(n_rows, dtype=i32, device=dev),
+        )
+        self._resize_matrix(state)
+        self._seen_pbc = _Seen()  # a new layout reads pbc again
+        self._seen_system = _Seen()
+        self._state = state
+        return state
+
+    def _resize_matrix(self, state: _State) -> None:
+        dev = state.flags.device
+        state.neighbors = torch.zeros(self._capacity, state.n_rows, dtype=torch.int32, device=dev)
+        shape = (self._capacity, state.n_rows) if state.periodic else (1, 1)
+        state.codes = torch.zeros(shape, dtype=torch.int32, device=dev)
+
+
+def _grown(needed: int) -> int:
+    """A capacity for ``needed`` neighbours with room to fluctuate (multiple of 8)."""
+    return 8 * math.ceil((1.15 * needed + 4) / 8)
+
+
+def _check_system_range(system_index: torch.Tensor, n_systems: int) -> None:
+    """Values of ``system_index`` in ``[0, n_systems)`` (one synchronisation)."""
+    if system_index.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.stack(list(torch.aminmax(system_index))).tolist())
+    if lo < 0 or hi >= n_systems:
+        fail(
+            f"system_index has {lo if lo < 0 else hi} (shape {tuple(system_index.shape)}), "
+            f"expected values in 0..{n_systems - 1}"
+        )
+
+
+def _host_view(t: torch.Tensor) -> Any:
+    """The int32 words of a host tensor, read without torch (no synchronisation to count)."""
+    return (ctypes.c_int32 * t.numel()).from_address(t.data_ptr())
