@@ -24,7 +24,14 @@ from models_testutils import jittered_lattice
 
 from nvdd.core import Batch, ValidationError
 from nvdd.halo import HaloPlan, ParticleHaloConfig, build_halo_plan
-from nvdd.models import ForceMode, LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+from nvdd.models import (
+    ForceMode,
+    LennardJones,
+    LJBackend,
+    LJConfig,
+    MPNNConfig,
+    ReferenceMPNN,
+)
 from nvdd.shardtensor import DDContext, dd_scope
 
 INF = math.inf
@@ -99,9 +106,19 @@ CASES: dict[str, tuple[int, tuple[System, ...]]] = {
 
 
 def make_model(
-    kind: str, layers: int = 2, skin: float = 0.0, mode: str = "direct", dtype: Any = None
+    kind: str,
+    layers: int = 2,
+    skin: float = 0.0,
+    mode: str = "direct",
+    dtype: Any = None,
+    backend: str = "auto",
+    half_list: bool = True,
 ) -> LennardJones | ReferenceMPNN:
-    """The models under test (identical on every rank and in the oracle)."""
+    """The models under test (identical on every rank and in the oracle).
+
+    ``backend`` and ``half_list`` choose the LJ implementation (the oracle of
+    the tests uses the torch reference, the ranks the default Warp path).
+    """
     if kind == "lj":
         return LennardJones(
             LJConfig(
@@ -110,6 +127,8 @@ def make_model(
                 pairs=LJ_PAIRS,
                 force_mode=ForceMode(mode),
                 skin=skin,
+                backend=LJBackend(backend),
+                half_list=half_list,
             )
         )
     config = MPNNConfig(
@@ -281,8 +300,12 @@ def run_steps(
     skin: float = 0.0,
     mode: str = "direct",
     dtype: torch.dtype = torch.float64,
+    lj_backend: str = "auto",
+    half_list: bool = True,
 ) -> list[dict[str, Any]]:
     """Rank function: run the model over ``schedule`` = ``(rebuild_plan, shift)`` steps.
+
+    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``).
 
     Ownership is fixed at step 0; a step with ``rebuild_plan`` builds a new halo
     plan (and bumps ``topology_version``), the others reuse the last plan with
@@ -290,7 +313,7 @@ def run_steps(
     between Verlet rebuilds.
     """
     rank = dist.get_rank()
-    model = make_model(kind, layers, skin, mode, dtype)
+    model = make_model(kind, layers, skin, mode, dtype, lj_backend, half_list)
     owned = owned_rows(global_batch(case, kind, dtype=dtype), boxes_of(case), rank)
     plan: HaloPlan | None = None
     version = -1
@@ -302,10 +325,18 @@ def run_steps(
             version += 1
         padded = padded_batch(batch, owned, plan)
         res = dd_forward(model, padded, plan, version, autograd=kind == "mpnn")
-        res["n_builds"] = model.neighbors.n_builds
+        res["n_builds"] = neighbor_builds(model)
         res["n_ghost"] = plan.n_ghost
         results.append(res)
     return results
+
+
+def neighbor_builds(model: LennardJones | ReferenceMPNN) -> int:
+    """Builds of the model's neighbour list (the one its backend uses)."""
+    builds = model.neighbors.n_builds
+    if isinstance(model, LennardJones):
+        builds += model.device_neighbors.n_builds
+    return builds
 
 
 def _model_and_rows(kind: str, case: str) -> tuple[LennardJones | ReferenceMPNN, HaloPlan, Batch]:

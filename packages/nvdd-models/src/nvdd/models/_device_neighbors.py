@@ -109,6 +109,7 @@ class _State:
     ref_system: torch.Tensor
     ref_cell: torch.Tensor
     pbc: torch.Tensor
+    pbc_host: list[list[bool]] | None
     periodic: bool
     frame: torch.Tensor
     grid: torch.Tensor
@@ -206,6 +207,9 @@ class DeviceVerletList:
     defer_errors:
         Record errors read from asynchronous flags in :attr:`pending_error`
         instead of raising (for callers that must raise on every rank together).
+    max_capacity:
+        Never grow the matrix past this many neighbours per row (bounds its
+        memory); rows with more walk the cells at every call (exact, slower).
 
     Attributes
     ----------
@@ -223,6 +227,7 @@ class DeviceVerletList:
         half: bool = True,
         cells_per_cutoff: int = 1,
         defer_errors: bool = False,
+        max_capacity: int | None = None,
     ) -> None:
         check_positive("cutoff", cutoff)
         check_positive("skin", skin, allow_zero=True)
@@ -233,7 +238,10 @@ class DeviceVerletList:
         self._half = bool(half)
         self._cells = int(cells_per_cutoff)
         self.defer_errors = bool(defer_errors)
-        self._capacity = _FIRST_CAPACITY
+        if max_capacity is not None and (isinstance(max_capacity, bool) or max_capacity < 1):
+            raise config_error(f"max_capacity must be an int >= 1 or None, got {max_capacity!r}")
+        self._max_capacity = max_capacity
+        self._capacity = _FIRST_CAPACITY if max_capacity is None else min(16, max_capacity)
         self._state: _State | None = None
         self._call = 0
         self._regrow = 0
@@ -241,6 +249,7 @@ class DeviceVerletList:
         self._seen_system = _Seen()
         self.pending_error: str | None = None
         self.host_rebuilds = 0
+        self._repeats = 0
         #: Launch only the check on CPU when nothing is rebuilt (reading the
         #: flag costs nothing there); tests turn it off to run the CUDA order.
         self.skip_idle_launches = True
@@ -273,9 +282,11 @@ class DeviceVerletList:
 
     @property
     def n_builds(self) -> int:
-        """Builds so far, host- and device-decided (reads the device: synchronises)."""
+        """Builds so far, host- and device-decided, not counting the repeats of a
+        host-side build that grew the capacity (reads the device: synchronises)."""
         state = self._state
-        return 0 if state is None else int(state.flags[ck.F_BUILDS].item())
+        builds = 0 if state is None else int(state.flags[ck.F_BUILDS].item())
+        return builds - self._repeats
 
     def __repr__(self) -> str:
         return (
@@ -292,6 +303,7 @@ class DeviceVerletList:
             "cells": self._cells,
             "defer": self.defer_errors,
             "capacity": self._capacity,
+            "max_capacity": self._max_capacity,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -301,12 +313,14 @@ class DeviceVerletList:
             half=state["half"],
             cells_per_cutoff=state["cells"],
             defer_errors=state["defer"],
+            max_capacity=state["max_capacity"],
         )
         self._capacity = int(state["capacity"])
 
     def reset(self) -> None:
         """Forget the list and its buffers; the next call rebuilds on the host."""
         self._state = None
+        self._repeats = 0
         self._seen_pbc = _Seen()
         self._seen_system = _Seen()
         self.pending_error = None
@@ -380,19 +394,21 @@ class DeviceVerletList:
         key = (n_atoms, n_systems, pos.dtype, pos.device, n_recv, topology)
         force = state is None or state.key != key or self._regrow > 0
         if force:
-            if self._regrow > self._capacity:
-                self._capacity = _grown(self._regrow)
+            self._grow(self._regrow)
             self._regrow = 0
             state = self._allocate(key, pos, n_systems, n_recv, state)
         assert state is not None
         if not self._seen_pbc.same(pbc):
-            state.pbc = pbc.to(torch.int32).contiguous()
-            periodic = bool(pbc.any())  # one synchronisation, only for a new pbc tensor
-            if periodic != state.periodic:
-                state.periodic = periodic
-                self._resize_matrix(state)
+            flags = pbc.tolist()  # one synchronisation, only for a new pbc tensor
+            if flags != state.pbc_host:
+                state.pbc = pbc.to(torch.int32).contiguous()
+                state.pbc_host = flags
+                periodic = any(any(row) for row in flags)
+                if periodic != state.periodic:
+                    state.periodic = periodic
+                    self._resize_matrix(state)
+                force = True
             self._seen_pbc.remember(pbc)
-            force = True
         track = not self._seen_system.same(system_index)
         if track and not validated:
             _check_system_range(system_index, n_systems)
@@ -435,11 +451,10 @@ class DeviceVerletList:
             self.host_rebuilds += 1
             values = state.flags.tolist()  # host-side rebuild: one synchronisation
             self._raise_errors(state, int(values[ck.F_ERROR]))
-            needed = int(values[ck.F_MAX_COUNT])
-            if needed <= self._capacity:
+            if not self._grow(int(values[ck.F_MAX_COUNT])):
                 return
-            self._capacity = _grown(needed)
             self._resize_matrix(state)
+            self._repeats += 1
 
     def _launch_chain(
         self,
@@ -528,8 +543,21 @@ class DeviceVerletList:
         if errors:
             self._raise_errors(state, errors)
         needed = int(values[ck.F_MAX_COUNT])
-        if needed > self._capacity:
+        limit = self._max_capacity
+        if needed > self._capacity and (limit is None or self._capacity < limit):
             self._regrow = needed
+
+    def _grow(self, needed: int) -> bool:
+        """Raise the capacity to hold ``needed`` (up to ``max_capacity``); whether it grew."""
+        if needed <= self._capacity:
+            return False
+        grown = _grown(needed)
+        if self._max_capacity is not None:
+            grown = min(grown, self._max_capacity)
+        if grown <= self._capacity:
+            return False
+        self._capacity = grown
+        return True
 
     def _raise_errors(self, state: _State, errors: int) -> None:
         """Raise (and drop the list: the next call starts afresh), or with
@@ -571,6 +599,8 @@ class DeviceVerletList:
             host = _host_view(flags)
         if old is not None and old.flags.device == dev:
             flags[ck.F_BUILDS] = old.flags[ck.F_BUILDS]  # the count survives a reallocation
+        else:
+            self._repeats = 0
         periodic = old.periodic if old is not None else True
         state = _State(
             key=key,
@@ -586,6 +616,7 @@ class DeviceVerletList:
             ref_system=torch.zeros(n, dtype=i64, device=dev),
             ref_cell=torch.zeros(n_systems * 9, dtype=dtype, device=dev),
             pbc=torch.zeros(n_systems, 3, dtype=i32, device=dev),
+            pbc_host=None,
             periodic=periodic,
             frame=torch.zeros(n_systems, 9, dtype=dtype, device=dev),
             grid=torch.zeros(n_systems, 9, dtype=i32, device=dev),
