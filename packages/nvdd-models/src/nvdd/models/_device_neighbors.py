@@ -442,13 +442,13 @@ class DeviceVerletList:
         track: bool,
     ) -> None:
         """Launch the check and the build chain; host-side rebuilds size the matrix."""
+        self.host_rebuilds += int(force)
         while True:
             self._call = (self._call + 1) & 0x3FFFFFFF
             self._launch_chain(state, pos, cell, system_index, force=force, track=track)
             if not force:
                 self._after_call(state)
                 return
-            self.host_rebuilds += 1
             values = state.flags.tolist()  # host-side rebuild: one synchronisation
             self._raise_errors(state, int(values[ck.F_ERROR]))
             if not self._grow(int(values[ck.F_MAX_COUNT])):
