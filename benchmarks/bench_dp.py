@@ -221,7 +221,9 @@ def raw(
     MODEL = model
     dtype = getattr(torch, dtype_name)
     _reset_memory(device)
-    dyn = VelocityVerlet(_model(device, dtype, half_list), _system(cells, device, dtype), dt_fs=DT_FS)
+    dyn = VelocityVerlet(
+        _model(device, dtype, half_list), _system(cells, device, dtype), dt_fs=DT_FS
+    )
     dyn.run(warmup)
     _sync(device)
     t0 = time.perf_counter()
@@ -328,7 +330,11 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
     )
     for r in rows:
         ms = r["ms_per_step"]
-        ratio = ms / base["ms_per_step"] if base is not None and not r["run"].startswith("peer") else math.nan
+        ratio = (
+            ms / base["ms_per_step"]
+            if base is not None and not r["run"].startswith("peer")
+            else math.nan
+        )
         speed = raw_row["ms_per_step"] / ms if raw_row is not None else math.nan
         per_atom = r.get("peak_bytes", 0) / max(1, r.get("atoms", 0) or 1)
         shares = r.get("shares", {})
@@ -339,12 +345,16 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
         )
     one = next((r for r in rows if r["run"] == "DomainParallel" and r["ranks"] == 1), None)
     if one is not None and raw_row is not None:
-        print(f"DD wrapper overhead at 1 rank: {100 * (one['ms_per_step'] / raw_row['ms_per_step'] - 1):+.1f}%")
+        print(
+            f"DD wrapper overhead at 1 rank: {100 * (one['ms_per_step'] / raw_row['ms_per_step'] - 1):+.1f}%"
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cells", type=int, nargs="+", default=[10], help="FCC cells per edge (4 atoms each)")
+    p.add_argument(
+        "--cells", type=int, nargs="+", default=[10], help="FCC cells per edge (4 atoms each)"
+    )
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
@@ -390,10 +400,20 @@ def main() -> None:
                 if peer_ok:
                     for sync_each in (False, True):
                         res = peer(cells, args.steps, args.warmup, args.device, dtype, sync_each)
-                        rows.append({"run": "peer (sync/step)" if sync_each else "peer", "ranks": 1, **res})
+                        rows.append(
+                            {"run": "peer (sync/step)" if sync_each else "peer", "ranks": 1, **res}
+                        )
                 lists = args.lj_list if args.model == "lj" else ["half"]
                 for kind in lists:
-                    res = raw(cells, args.steps, args.warmup, args.device, dtype, args.model, kind == "half")
+                    res = raw(
+                        cells,
+                        args.steps,
+                        args.warmup,
+                        args.device,
+                        dtype,
+                        args.model,
+                        kind == "half",
+                    )
                     label = f"raw ({kind} list)" if args.model == "lj" else "raw"
                     rows.append({"run": label, "ranks": 1, **res})
                 backend = "nccl" if args.device == "cuda" else "gloo"

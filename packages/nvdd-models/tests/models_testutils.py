@@ -314,7 +314,9 @@ class HostSyncCounter(TorchFunctionMode):
         ):
             original = getattr(owner, name)
             self._patched.append((owner, name, original))
-            setattr(owner, name, self._counting(f"{getattr(owner, '__name__', owner)}.{name}", original))
+            setattr(
+                owner, name, self._counting(f"{getattr(owner, '__name__', owner)}.{name}", original)
+            )
         super().__enter__()
         return self
 
@@ -343,9 +345,10 @@ class HostSyncCounter(TorchFunctionMode):
             parts = index if isinstance(index, tuple) else (index,)
             if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
                 self.calls.append(f"{name}[bool mask]")
-        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
-            if _moves_to_host(func, args, kwargs):
-                self.calls.append(f"{name}(cpu)")
+        elif (func is torch.Tensor.to or func is torch.Tensor.copy_) and _moves_to_host(
+            func, args, kwargs
+        ):
+            self.calls.append(f"{name}(cpu)")
         return func(*args, **kwargs)
 
 
@@ -361,7 +364,7 @@ def _moves_to_host(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bo
             and src.device.type != "cpu"
             and not (non_blocking and dst.is_pinned())
         )
-    targets = list(args[1:]) + [kwargs.get("device")]
+    targets = [*args[1:], kwargs.get("device")]
     return any(
         (isinstance(t, str) and t.startswith("cpu"))
         or (isinstance(t, torch.device) and t.type == "cpu")

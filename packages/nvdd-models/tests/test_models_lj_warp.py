@@ -34,7 +34,9 @@ KEYS = ("energy", "forces", "atom_energies", "virial", "stress")
 CUTOFF = 2.5
 
 
-def _model(backend: str, *, half: bool = True, skin: float = 0.0, shift: bool = True) -> LennardJones:
+def _model(
+    backend: str, *, half: bool = True, skin: float = 0.0, shift: bool = True
+) -> LennardJones:
     return LennardJones(
         LJConfig(
             cutoff=CUTOFF,
@@ -59,7 +61,10 @@ def _assert_matches(got: Any, ref: Any, dtype: torch.dtype, keys: tuple[str, ...
 
 def _mixed_batch(dtype: torch.dtype = torch.float64) -> Batch:
     """Three systems (periodic, triclinic smaller than the cutoff, open), rows shuffled."""
-    parts = [_geometry_batch(g, seed=k) for k, g in enumerate(("cubic_periodic", "triclinic_smaller_than_cutoff", "open"))]
+    parts = [
+        _geometry_batch(g, seed=k)
+        for k, g in enumerate(("cubic_periodic", "triclinic_smaller_than_cutoff", "open"))
+    ]
     offset = 0
     renumbered = []
     for part in parts:
@@ -180,7 +185,9 @@ def test_overflowing_rows_walk_the_cells_and_stay_exact() -> None:
 
 def test_capacity_grows_after_a_device_side_rebuild_overflowed() -> None:
     """Denser after a device-decided rebuild: exact at once (cell walk), regrown next call."""
-    sparse = make_batch(jittered_lattice((5, 5, 5), np.eye(3) * 5.5, 0.05, 1), np.eye(3), [False] * 3)
+    sparse = make_batch(
+        jittered_lattice((5, 5, 5), np.eye(3) * 5.5, 0.05, 1), np.eye(3), [False] * 3
+    )
     dense = sparse.replace(positions=sparse.positions * 0.7)
     ref_model, model = _model("torch", skin=0.2), _model("warp", skin=0.2)
     search = model.device_neighbors
@@ -202,7 +209,9 @@ def test_verlet_reuse_rebuilds_exactly_when_the_torch_list_does(half: bool) -> N
     gen = torch.Generator().manual_seed(5)
     positions = batch.positions
     for _ in range(8):
-        positions = positions + 0.03 * torch.randn(batch.n_atoms, 3, generator=gen, dtype=batch.dtype)
+        positions = positions + 0.03 * torch.randn(
+            batch.n_atoms, 3, generator=gen, dtype=batch.dtype
+        )
         b = batch.replace(positions=positions)
         _assert_matches(model(b), ref_model(b), torch.float64)
     assert ref_model.neighbors.n_builds > 2  # a real test: some steps rebuilt, some did not
@@ -224,7 +233,9 @@ def test_the_sync_guard_sees_host_copies() -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("skip_idle", [False, True])
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
-def test_no_host_sync_in_a_step_that_rebuilds_nothing(half: bool, skip_idle: bool, device: str) -> None:
+def test_no_host_sync_in_a_step_that_rebuilds_nothing(
+    half: bool, skip_idle: bool, device: str
+) -> None:
     batch = _mixed_batch().to(device)
     model = _model("warp", half=half, skin=0.4).to(device)
     search = model.device_neighbors
@@ -267,7 +278,7 @@ def test_non_finite_positions_raise(bad: float) -> None:
     model(batch)
     positions = batch.positions.clone()
     positions[4, 1] = bad
-    with pytest.raises(ValidationError, match="rank 0: .* NaN or infinite"):
+    with pytest.raises(ValidationError, match=r"rank 0: .* NaN or infinite"):
         model(batch.replace(positions=positions))
     _assert_matches(model(batch), _model("torch")(batch), torch.float64)  # recovers
 
@@ -285,8 +296,9 @@ def test_non_finite_positions_under_dd_poison_the_outputs_then_raise_at_a_new_to
         out = model(batch.replace(positions=positions))  # no local raise under DD
     n = layout.n_owned
     assert bool(out["energy"].isnan().all()) and bool(out["forces"][:n].isnan().all())
-    with dd_scope(DDContext(layout=halo, topology_version=1)), pytest.raises(
-        ValidationError, match="NaN or infinite"
+    with (
+        dd_scope(DDContext(layout=halo, topology_version=1)),
+        pytest.raises(ValidationError, match="NaN or infinite"),
     ):
         model(batch)
 
@@ -302,10 +314,16 @@ def test_a_singular_periodic_cell_raises() -> None:
 def test_backend_choice_and_fallbacks() -> None:
     batch = _geometry_batch("open")
     with pytest.raises(ConfigurationError, match="backend='warp' computes direct forces"):
-        LJConfig(cutoff=CUTOFF, epsilon=1.0, sigma=1.0, backend="warp", force_mode=ForceMode.AUTOGRAD)
-    assert LJConfig(cutoff=CUTOFF, epsilon=1.0, sigma=1.0, backend="torch").backend is LJBackend.TORCH
+        LJConfig(
+            cutoff=CUTOFF, epsilon=1.0, sigma=1.0, backend="warp", force_mode=ForceMode.AUTOGRAD
+        )
+    assert (
+        LJConfig(cutoff=CUTOFF, epsilon=1.0, sigma=1.0, backend="torch").backend is LJBackend.TORCH
+    )
     half = batch.to(dtype=torch.float16)
-    with pytest.raises(ValidationError, match="backend='warp' does not apply: positions are torch.float16"):
+    with pytest.raises(
+        ValidationError, match=r"backend='warp' does not apply: positions are torch\.float16"
+    ):
         _model("warp")(half)
     auto = _model("auto")
     auto(batch)

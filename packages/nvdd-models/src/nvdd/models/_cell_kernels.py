@@ -243,7 +243,8 @@ def check_kernel(
     ``sqrt(threshold2)`` (or is not finite: the test is ``not d2 <= threshold2``),
     the cell changed, or (``track_system``) a system index changed."""
     t = wp.tid()
-    if t < cell.shape[0]:
+    # nested ifs: Warp evaluates both operands of `and` (no out-of-bounds read)
+    if t < cell.shape[0]:  # noqa: SIM102
         if cell[t] != ref_cell[t]:
             flags[F_REBUILD] = call
     if t >= positions.shape[0]:
@@ -259,7 +260,7 @@ def check_kernel(
     moved2 = d0 * d0 + d1 * d1 + d2 * d2
     if not (moved2 <= threshold2):
         flags[F_REBUILD] = call
-    if track_system != 0:
+    if track_system != 0:  # noqa: SIM102
         if system[t] != ref_system[t]:
             flags[F_REBUILD] = call
 

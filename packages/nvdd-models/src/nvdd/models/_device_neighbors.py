@@ -594,7 +594,7 @@ class DeviceVerletList:
         if dev.type == "cuda":  # pragma: no cover - CUDA only
             pinned = torch.zeros(ck.N_FLAGS, dtype=i32, pin_memory=True)
             host = _host_view(pinned)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         else:
             host = _host_view(flags)
         if old is not None and old.flags.device == dev:

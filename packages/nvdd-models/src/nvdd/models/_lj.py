@@ -24,10 +24,10 @@ dropped), and a CSR kernel that reads one cell for the whole batch.
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._cell_kernels import MAX_SYSTEMS
@@ -134,7 +134,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> LennardJones:
         # .to() / .double() / .cuda(): the Warp tables are recomputed from the buffers.
         self._warp.forget_tables()
-        return super()._apply(fn, recurse)  # type: ignore[no-any-return]
+        return super()._apply(fn, recurse)  # type: ignore[no-untyped-call,no-any-return]
 
     @property
     def config(self) -> LJConfig:

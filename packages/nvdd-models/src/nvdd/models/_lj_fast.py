@@ -69,7 +69,9 @@ class WarpLJ:
         """Whether ``atomic_numbers`` is the tensor (and version) of the cached rows."""
         return self._types is not None and self._seen_numbers.same(atomic_numbers)
 
-    def species_rows(self, species_rows: torch.Tensor, atomic_numbers: torch.Tensor) -> torch.Tensor:
+    def species_rows(
+        self, species_rows: torch.Tensor, atomic_numbers: torch.Tensor
+    ) -> torch.Tensor:
         """Int32 species row of every atom (``species_rows[atomic_numbers]``).
 
         Cached while ``atomic_numbers`` is the same tensor at the same version;

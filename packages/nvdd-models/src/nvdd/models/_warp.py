@@ -27,11 +27,12 @@ _INSTALL_HINT = "pip install 'warp-lang>=1.5'"
 def warp_module() -> Any:
     """The initialised ``warp`` module (imported on first use)."""
     try:
-        import warp as wp
+        import warp
     except ImportError as exc:  # pragma: no cover - warp is a declared dependency
         raise ConfigurationError(
             f"the Warp backend of nvdd.models needs warp-lang ({_INSTALL_HINT})"
         ) from exc
+    wp: Any = warp  # Warp's stubs type its kernel language, not this use
     wp.config.quiet = True
     wp.init()
     return wp
