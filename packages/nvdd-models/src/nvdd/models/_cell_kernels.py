@@ -561,9 +561,13 @@ def build_kernel(
                             )
                     for q in range(slot_end[slot] - slot_count[slot], slot_end[slot]):
                         j = sorted_row[q]
-                        s0 = t0 + sorted_image[p, 0] - sorted_image[q, 0]
-                        s1 = t1 + sorted_image[p, 1] - sorted_image[q, 1]
-                        s2 = t2 + sorted_image[p, 2] - sorted_image[q, 2]
+                        s0 = t0
+                        s1 = t1
+                        s2 = t2
+                        if with_codes != 0:  # images are zero when no system is periodic
+                            s0 = s0 + sorted_image[p, 0] - sorted_image[q, 0]
+                            s1 = s1 + sorted_image[p, 1] - sorted_image[q, 1]
+                            s2 = s2 + sorted_image[p, 2] - sorted_image[q, 2]
                         if j == i and s0 == 0 and s1 == 0 and s2 == 0:
                             continue
                         if not keep_pair(i, j, s0, s1, s2, n_recv, half):
