@@ -351,3 +351,15 @@ def test_larger_random_system_float32_and_float64() -> None:
     for dtype in (torch.float64, torch.float32):
         batch = make_batch(pos, cell, [True, True, False], z, dtype)
         _assert_matches(_model("warp")(batch), _model("torch")(batch), dtype)
+
+
+def test_a_rank_without_rows_gets_empty_outputs() -> None:
+    empty = Batch(
+        torch.zeros(0, 3, dtype=torch.float64),
+        torch.zeros(0, dtype=torch.int64),
+        cell=torch.eye(3, dtype=torch.float64) * 4.0,
+        pbc=torch.tensor([True, False, True]),
+    )
+    out = _model("warp")(empty)
+    assert out["forces"].shape == (0, 3) and out["atom_energies"].shape == (0,)
+    assert float(out["energy"].abs().sum()) == 0 and float(out["virial"].abs().sum()) == 0

@@ -53,11 +53,20 @@ from nvdd.models._warp import Kernel, declare_overloads
 
 __all__ = ["DeviceVerletList", "NeighborMatrix"]
 
-_CHECK = Kernel(ck.check_kernel, floats=(7,))
-_FRAME = Kernel(ck.frame_kernel, floats=(2, 3))
-_ASSIGN = Kernel(ck.assign_kernel, floats=(4,))
-_SCATTER = Kernel(ck.scatter_kernel)
-_BUILD = Kernel(ck.build_kernel, floats=(9,))
+
+class _Kernels:
+    """The search's kernels, with launches recorded per list (they die with it)."""
+
+    def __init__(self) -> None:
+        self.check = Kernel(ck.check_kernel, floats=(7,))
+        self.frame = Kernel(ck.frame_kernel, floats=(2, 3))
+        self.assign = Kernel(ck.assign_kernel, floats=(4,))
+        self.scatter = Kernel(ck.scatter_kernel)
+        self.build = Kernel(ck.build_kernel, floats=(9,))
+
+    def declare(self) -> None:
+        declare_overloads(self.check, self.frame, self.assign, self.scatter, self.build)
+
 
 #: Cells a little higher than the search radius: rounding of the coordinates
 #: (relative 1e-7 in float32) can never push a neighbour past the next cell.
@@ -245,6 +254,7 @@ class DeviceVerletList:
         self._state: _State | None = None
         self._call = 0
         self._regrow = 0
+        self._kernels = _Kernels()
         self._seen_pbc = _Seen()
         self._seen_system = _Seen()
         self.pending_error: str | None = None
@@ -466,7 +476,8 @@ class DeviceVerletList:
         force: bool,
         track: bool,
     ) -> None:
-        declare_overloads(_CHECK, _FRAME, _ASSIGN, _SCATTER, _BUILD)
+        k = self._kernels
+        k.declare()
         dev, dtype = pos.device, pos.dtype
         n, n_sys, call = state.n_atoms, int(cell.shape[0]), self._call
         cell_flat = cell.reshape(-1)
@@ -476,7 +487,7 @@ class DeviceVerletList:
         height = radius * (1.0 + _CELL_MARGIN) / self._cells
         flags = state.flags
         if not force:
-            _CHECK(
+            k.check(
                 max(n, n_sys * 9),
                 [pos, state.ref_positions, system_index, state.ref_system, int(track),
                  cell_flat, state.ref_cell, threshold2, call, flags],
@@ -486,13 +497,13 @@ class DeviceVerletList:
                 return
         f = int(force)
         table = int(state.slot_key.shape[0])
-        _FRAME(
+        k.frame(
             max(table, n_sys),
             [cell, state.pbc, radius, height, state.frame, state.grid, state.slot_key,
              state.slot_count, call, f, flags],
             dev, dtype,
         )  # fmt: skip
-        _ASSIGN(
+        k.assign(
             max(n, n_sys * 9),
             [pos, system_index, state.frame, state.grid, height, cell_flat, state.ref_positions,
              state.ref_system, 1, state.ref_cell, state.slot_key, state.slot_count, state.row_key,
@@ -500,14 +511,14 @@ class DeviceVerletList:
             dev, dtype,
         )  # fmt: skip
         torch.cumsum(state.slot_count, 0, dtype=torch.int32, out=state.slot_end)
-        _SCATTER(
+        k.scatter(
             n,
             [pos, system_index, cell, state.row_image, state.row_slot, state.row_rank,
              state.slot_count, state.slot_end, state.sorted_row, state.sorted_pos,
              state.sorted_image, call, f, flags],
             dev, dtype,
         )  # fmt: skip
-        _BUILD(
+        k.build(
             n,
             [state.sorted_row, state.sorted_pos, state.sorted_image, state.row_key, cell,
              state.grid, state.slot_key, state.slot_count, state.slot_end, radius * radius,

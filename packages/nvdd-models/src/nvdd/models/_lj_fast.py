@@ -16,7 +16,6 @@ from nvdd.models._warp import Kernel, declare_overloads
 
 __all__ = ["LJKernelOutputs", "WarpLJ", "virial_by_system"]
 
-_LJ = Kernel(lj_kernel, floats=(8,))
 
 #: Voigt column of each entry of the row-major 3x3 virial (columns xx yy zz yz xz xy).
 _VOIGT_TO_FULL = (0, 5, 4, 5, 1, 3, 4, 3, 2)
@@ -41,6 +40,7 @@ class WarpLJ:
     def __init__(self, cutoff: float, skin: float, *, half: bool = True) -> None:
         self.cutoff = float(cutoff)
         self.neighbors = DeviceVerletList(cutoff, skin, half=half)
+        self._kernel = Kernel(lj_kernel, floats=(8,))
         self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
         self._seen_numbers = _Seen()
         self._types: torch.Tensor | None = None
@@ -51,6 +51,7 @@ class WarpLJ:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.cutoff = float(state["cutoff"])  # type: ignore[arg-type]
         self.neighbors = state["neighbors"]  # type: ignore[assignment]
+        self._kernel = Kernel(lj_kernel, floats=(8,))
         self._tables = {}
         self._seen_numbers = _Seen()
         self._types = None
@@ -117,7 +118,7 @@ class WarpLJ:
     ) -> LJKernelOutputs:
         """Forces ``(n_atoms, 3)``, atom energies ``(n_atoms,)`` and the per-row
         virial ``(n_rows, 6)`` (Voigt ``xx yy zz yz xz xy``; None unless asked)."""
-        declare_overloads(_LJ)
+        declare_overloads(self._kernel)
         pos = positions.detach()
         dev, dtype = pos.device, pos.dtype
         n = int(pos.shape[0])
@@ -131,7 +132,7 @@ class WarpLJ:
             energies = pos.new_empty(n)
         virial = pos.new_empty(rows if compute_virial else 1, 6)
         eps, sig2, shift = tables
-        _LJ(
+        self._kernel(
             rows,
             [pos, system_index, cell.detach(), types, n_types, eps, sig2, shift,
              self.cutoff * self.cutoff, matrix.neighbors, matrix.codes, matrix.counts,

@@ -64,6 +64,9 @@ class Kernel:
     The float32 and float64 overloads of every kernel of a Warp module must be
     declared before the module's first launch, or Warp compiles it once per
     overload: :func:`declare_overloads` does that for a group of kernels.
+
+    A recorded launch keeps its last arguments alive; create one ``Kernel`` per
+    owner (a neighbour list, a model) so that they go with it.
     """
 
     def __init__(self, kernel: Any, floats: Sequence[int] = ()) -> None:
@@ -71,8 +74,15 @@ class Kernel:
         self._floats = tuple(floats)
         self._records: dict[tuple[object, ...], tuple[Any, list[object], object]] = {}
 
+    @property
+    def kernel(self) -> Any:
+        """The Warp kernel."""
+        return self._kernel
+
     def declare_overloads(self) -> None:
-        """Declare the float32 and float64 overloads of the kernel."""
+        """Declare the float32 and float64 overloads of the kernel (once per process)."""
+        if self._kernel in _DECLARED:
+            return
         wp = warp_module()
         for name in ("float32", "float64"):
             scalar = getattr(wp, name)
@@ -84,6 +94,7 @@ class Kernel:
                 ndim = getattr(arg.type, "ndim", 0)
                 types[arg.label] = wp.array(dtype=scalar, ndim=ndim) if ndim else scalar
             wp.overload(self._kernel, types)
+        _DECLARED.append(self._kernel)
 
     def __call__(
         self,
@@ -136,16 +147,14 @@ class Kernel:
             launch.launch()
 
 
-@cache
-def _declared(kernels: tuple[Kernel, ...]) -> bool:
-    for kernel in kernels:
-        kernel.declare_overloads()
-    return True
+#: Warp kernels whose overloads are declared (module-level kernels: never freed).
+_DECLARED: list[Any] = []
 
 
 def declare_overloads(*kernels: Kernel) -> None:
-    """Declare the float overloads of ``kernels`` once (before their first launch)."""
-    _declared(kernels)
+    """Declare the float overloads of ``kernels`` (before the first launch of their module)."""
+    for kernel in kernels:
+        kernel.declare_overloads()
 
 
 def _to_warp(wp: Any, value: object) -> object:
