@@ -271,10 +271,12 @@ def test_no_host_sync_under_a_dd_context_between_topologies() -> None:
 
 
 # ----------------------------------------------------------------- errors
+@pytest.mark.parametrize("backend", ["warp", "torch"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_positions_raise(bad: float) -> None:
+def test_non_finite_positions_raise(bad: float, backend: str) -> None:
+    """Also with a Verlet skin (a NaN displacement is not "small")."""
     batch = _geometry_batch("cubic_periodic")
-    model = _model("warp", skin=0.3)
+    model = _model(backend, skin=0.3)
     model(batch)
     positions = batch.positions.clone()
     positions[4, 1] = bad
