@@ -259,11 +259,17 @@ def build_plan(case: str, kind: str, batch: Batch, owned: torch.Tensor) -> HaloP
 
 
 def dd_forward(
-    model: Any, padded: Batch, plan: HaloPlan, version: int, autograd: bool
+    model: Any,
+    padded: Batch,
+    plan: HaloPlan,
+    version: int,
+    autograd: bool,
+    ghost_forces: bool = True,
 ) -> dict[str, torch.Tensor]:
     """**Collective**: one model forward inside the DD context, consolidated like the runtime.
 
-    Returns the folded forces of the owned rows, the raw per-rank energy
+    ``ghost_forces=False`` (LJ): the model returns complete owned rows and the
+    fold is skipped. Returns the folded forces of the owned rows, the raw per-rank energy
     (``energy_rank``), the energy / virial / stress summed over ranks where the
     spec declares them partial, and the owned rows' atom energies.
     """
@@ -271,11 +277,13 @@ def dd_forward(
     ctx = DDContext(
         layout=plan, positions=leaf, n_systems=padded.n_systems, topology_version=version
     )
+    kwargs = {} if ghost_forces else {"ghost_forces": False}
     with dd_scope(ctx):
-        out = model(padded.replace(positions=leaf))
+        out = model(padded.replace(positions=leaf), **kwargs)
     n = plan.n_owned
     f = out["forces"].detach()
     assert f.shape == padded.positions.shape
+    owned_forces = f[:n] + plan.reverse(f[n:]) if ghost_forces else f[:n]
     spec = model.distribution_spec()
     totals = {}
     for key in ("energy", "virial", "stress"):
@@ -285,7 +293,7 @@ def dd_forward(
         totals[key] = value
     return {
         "ids": padded.atom_ids[:n],
-        "forces": f[:n] + plan.reverse(f[n:]),
+        "forces": owned_forces,
         "energy_rank": out["energy"].detach().clone(),
         "atom_energies": out["atom_energies"].detach()[:n],
         **totals,
@@ -302,10 +310,12 @@ def run_steps(
     dtype: torch.dtype = torch.float64,
     lj_backend: str = "auto",
     half_list: bool = True,
+    ghost_forces: bool = True,
 ) -> list[dict[str, Any]]:
     """Rank function: run the model over ``schedule`` = ``(rebuild_plan, shift)`` steps.
 
-    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``).
+    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``);
+    ``ghost_forces=False`` skips the fold (see :func:`dd_forward`).
 
     Ownership is fixed at step 0; a step with ``rebuild_plan`` builds a new halo
     plan (and bumps ``topology_version``), the others reuse the last plan with
@@ -324,7 +334,7 @@ def run_steps(
             plan = build_plan(case, kind, batch, owned)
             version += 1
         padded = padded_batch(batch, owned, plan)
-        res = dd_forward(model, padded, plan, version, autograd=kind == "mpnn")
+        res = dd_forward(model, padded, plan, version, kind == "mpnn", ghost_forces)
         res["n_builds"] = neighbor_builds(model)
         res["n_ghost"] = plan.n_ghost
         results.append(res)

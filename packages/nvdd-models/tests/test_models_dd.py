@@ -222,11 +222,16 @@ LJ_CASES = [
     ("empty-rank-3", "direct", "warp-half"),
     ("triclinic-3", "direct", "warp-full"),
     ("two-systems-2", "direct", "torch"),
+    ("mixed-open-cuts-3", "direct", "warp-half-nofold"),
+    ("periodic-2", "direct", "torch-nofold"),
 ]
 _LJ_IMPLEMENTATIONS: dict[str, dict[str, Any]] = {
     "warp-half": {"lj_backend": "warp", "half_list": True},
     "warp-full": {"lj_backend": "warp", "half_list": False},
     "torch": {"lj_backend": "torch"},
+    # complete owned rows (ghost_forces=False), no fold
+    "warp-half-nofold": {"lj_backend": "warp", "ghost_forces": False},
+    "torch-nofold": {"lj_backend": "torch", "ghost_forces": False},
 }
 
 

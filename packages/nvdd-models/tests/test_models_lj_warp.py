@@ -365,3 +365,38 @@ def test_a_rank_without_rows_gets_empty_outputs() -> None:
     out = _model("warp")(empty)
     assert out["forces"].shape == (0, 3) and out["atom_energies"].shape == (0,)
     assert float(out["energy"].abs().sum()) == 0 and float(out["virial"].abs().sum()) == 0
+
+
+@pytest.mark.parametrize(
+    ("backend", "half"),
+    [("warp", True), ("warp", False), ("torch", True)],
+    ids=["half", "full", "torch"],
+)
+def test_without_ghost_forces_owned_rows_are_complete(backend: str, half: bool) -> None:
+    """``ghost_forces=False``: two emulated ranks' owned rows alone give every force."""
+    full = _geometry_batch("triclinic_smaller_than_cutoff", seed=10)
+    ref = _model("torch")(full)
+    forces = torch.zeros_like(ref["forces"])
+    energy = torch.zeros_like(ref["energy"])
+    for owned in (torch.arange(0, 8, 3), torch.tensor([1, 2, 4, 5, 7])):
+        layout = ghost_layout(full, owned, CUTOFF)
+        n = layout.n_owned
+        model = _model(backend, half=half)
+        with_ghosts = model(layout.batch, n_receivers=n)
+        out = model(layout.batch, n_receivers=n, ghost_forces=False)
+        assert float(out["forces"][n:].abs().max()) == 0  # nothing to fold
+        forces = forces.index_add(0, layout.source[:n], out["forces"][:n])
+        energy = energy + out["energy"]
+        for key in ("energy", "atom_energies", "virial"):
+            torch.testing.assert_close(out[key], with_ghosts[key], rtol=0, atol=1e-12, msg=key)
+    scale = float(ref["forces"].abs().max())
+    assert float((forces - ref["forces"]).abs().max()) <= 1e-10 * scale
+    torch.testing.assert_close(energy, ref["energy"], rtol=1e-12, atol=0)
+
+
+def test_ghost_forces_false_needs_direct_forces() -> None:
+    model = LennardJones(
+        LJConfig(cutoff=CUTOFF, species=_SPECIES, pairs=_PAIRS, force_mode=ForceMode.AUTOGRAD)
+    )
+    with pytest.raises(ValidationError, match="ghost_forces=False needs force_mode"):
+        model(_geometry_batch("open"), ghost_forces=False)

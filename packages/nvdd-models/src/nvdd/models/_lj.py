@@ -208,7 +208,12 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
 
     # ----------------------------------------------------------------- forward
     def forward(
-        self, batch: Batch, *, n_receivers: int | None = None, compute_stress: bool = True
+        self,
+        batch: Batch,
+        *,
+        n_receivers: int | None = None,
+        compute_stress: bool = True,
+        ghost_forces: bool = True,
     ) -> ModelOutputs:
         """Energy, forces, atom energies, virial and stress of every system.
 
@@ -223,6 +228,13 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             live DD context it defaults to the layout's ``n_owned``.
         compute_stress:
             Also return ``virial`` and ``stress`` (shape ``(n_systems, 3, 3)``).
+        ghost_forces:
+            Direct forces only. True (the spec's contract): ``forces`` are
+            ``-dE_local/dx`` on every row, to be folded into owners. False: the
+            complete force on every counted (owned) row and zero on the others,
+            so a runtime may skip the fold: each rank evaluates its owned-ghost
+            pairs anyway, so this costs no extra pair terms (the rank owning the
+            other end computes that end's force).
 
         Returns
         -------
@@ -250,8 +262,12 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             (CPU) or at the next call (CUDA); under DD it is raised on every rank
             together at the next new topology.
         """
+        if not ghost_forces and self._config.force_mode is not ForceMode.DIRECT:
+            fail(
+                "ghost_forces=False needs force_mode=ForceMode.DIRECT (autograd gives -dE_local/dx)"
+            )
         if self._warp_applies(batch):
-            return self._forward_warp(batch, n_receivers, compute_stress)
+            return self._forward_warp(batch, n_receivers, compute_stress, ghost_forces)
         n_receivers, rows, edges = self._edges(batch, n_receivers, lambda: None)
         if self._config.force_mode is ForceMode.AUTOGRAD:
             return self._outputs_by_autograd(
@@ -263,7 +279,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
                 energy_scope=_ENERGY_SCOPE,
             )
         with torch.no_grad():
-            return self._direct(batch, rows, edges, n_receivers, compute_stress)
+            return self._direct(batch, rows, edges, n_receivers, compute_stress, ghost_forces)
 
     def _direct(
         self,
@@ -272,6 +288,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         edges: EdgeList,
         n_counted: int | None,
         compute_stress: bool,
+        ghost_forces: bool = True,
     ) -> ModelOutputs:
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
         r_vec = edges.vectors(pos, cell, si)
@@ -279,7 +296,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         phi, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
         atom_energies = torch.zeros_like(pos[:, 0]).index_add(0, i, 0.5 * phi)
         half = (0.5 * g).unsqueeze(1) * r_vec  # -d(phi/2)/dx_j; the receiver gets minus it
-        forces = torch.zeros_like(pos).index_add(0, j, half).index_add(0, i, -half)
+        if ghost_forces:
+            forces = torch.zeros_like(pos).index_add(0, j, half).index_add(0, i, -half)
+        else:  # every edge into a kept (owned) receiver: the whole pair force on it
+            forces = torch.zeros_like(pos).index_add(0, i, -2.0 * half)
         out: ModelOutputs = {
             "energy": system_energy(atom_energies, si, batch.n_systems, n_counted, _ENERGY_SCOPE),
             "forces": forces,
@@ -314,7 +334,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         return problem is None
 
     def _forward_warp(
-        self, batch: Batch, n_receivers: int | None, compute_stress: bool
+        self, batch: Batch, n_receivers: int | None, compute_stress: bool, ghost_forces: bool
     ) -> ModelOutputs:
         warp, neighbors = self._warp, self._warp.neighbors
         distributed = current_dd_context().layout is not None
@@ -348,7 +368,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         n_types = int(self.epsilon_table.shape[0])
         forces, atom_energies, rows = warp(
             pos, batch.cell, batch.system_index, types, n_types, tables, matrix,
-            compute_virial=compute_stress,
+            compute_virial=compute_stress, ghost_forces=ghost_forces,
         )  # fmt: skip
         si, n_sys = batch.system_index, batch.n_systems
         out: ModelOutputs = {

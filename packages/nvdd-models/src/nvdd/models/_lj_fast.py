@@ -115,9 +115,13 @@ class WarpLJ:
         matrix: NeighborMatrix,
         *,
         compute_virial: bool,
+        ghost_forces: bool = True,
     ) -> LJKernelOutputs:
         """Forces ``(n_atoms, 3)``, atom energies ``(n_atoms,)`` and the per-row
-        virial ``(n_rows, 6)`` (Voigt ``xx yy zz yz xz xy``; None unless asked)."""
+        virial ``(n_rows, 6)`` (Voigt ``xx yy zz yz xz xy``; None unless asked).
+
+        ``ghost_forces=False``: complete forces on owned rows, zero on the others
+        (see ``_lj_kernels``)."""
         declare_overloads(self._kernel)
         pos = positions.detach()
         dev, dtype = pos.device, pos.dtype
@@ -137,9 +141,9 @@ class WarpLJ:
             [pos, system_index, cell.detach(), types, n_types, eps, sig2, shift,
              self.cutoff * self.cutoff, matrix.neighbors, matrix.codes, matrix.counts,
              int(matrix.periodic), matrix.n_receivers, int(matrix.half), int(compute_virial),
-             state.row_key, state.row_image, state.grid, state.slot_key, state.slot_count,
-             state.slot_end, state.sorted_row, state.sorted_image, state.flags, forces,
-             energies, virial],
+             int(ghost_forces), state.row_key, state.row_image, state.grid, state.slot_key,
+             state.slot_count, state.slot_end, state.sorted_row, state.sorted_image, state.flags,
+             forces, energies, virial],
             dev, dtype,
         )  # fmt: skip
         return forces, energies, virial if compute_virial else None

@@ -11,7 +11,10 @@ directed edge gives ``phi / 2`` to its receiver); hence
 
 - atom energies: ``phi / 2`` to each *owned* end;
 - forces: ``-w dphi/dx`` on both ends (``forces = -dE_local/dx`` on every row,
-  ghost rows included; the runtime folds those into their owners);
+  ghost rows included; the runtime folds those into their owners), or with
+  ``ghost_forces = 0`` the whole pair force on each owned end and nothing on
+  ghost rows (each rank computes its owned-ghost pairs anyway, so the owned
+  rows are then complete and the fold can be skipped);
 - virial: ``w g r (x) r`` with ``g = -phi'(r) / r``.
 
 A *half* list holds each pair once: row ``i`` accumulates its own terms in
@@ -71,6 +74,7 @@ def pair_update(
     n_recv: wp.int32,
     half: wp.int32,
     with_virial: wp.int32,
+    ghost_forces: wp.int32,
     forces: wp.array2d(dtype=Any),
     energies: wp.array(dtype=Any),
     f: Any,
@@ -78,7 +82,10 @@ def pair_update(
     vir: Any,
 ):
     """Add the pair ``(i, j)`` at vector ``r = x_j - x_i + S @ cell`` (inside the
-    cutoff) to row ``i``'s accumulators; in a half list, ``j``'s share by atomics."""
+    cutoff) to row ``i``'s accumulators; in a half list, ``j``'s share by atomics.
+
+    ``ghost_forces``: forces ``-w dphi/dx`` on both ends (``-dE_local/dx``),
+    else the whole pair force on each owned end and none on a ghost end."""
     zero = e - e
     one = zero + type(e)(1.0)
     halfw = type(e)(0.5)
@@ -92,13 +99,19 @@ def pair_update(
     if j < n_recv:
         own_j = one
     wg = halfw * (own_i + own_j) * g
-    fj = wg * r  # force on j; row i gets minus it
-    f = f - fj
+    gi = wg
+    gj = wg
+    if ghost_forces == 0:
+        gi = own_i * g
+        gj = own_j * g
+    f = f - gi * r  # the force on j is +gj * r
     e = e + halfw * phi * own_i
     if half != 0:
-        wp.atomic_add(forces, j, 0, fj[0])
-        wp.atomic_add(forces, j, 1, fj[1])
-        wp.atomic_add(forces, j, 2, fj[2])
+        if gj != zero:
+            fj = gj * r
+            wp.atomic_add(forces, j, 0, fj[0])
+            wp.atomic_add(forces, j, 1, fj[1])
+            wp.atomic_add(forces, j, 2, fj[2])
         if j < n_recv:
             wp.atomic_add(energies, j, halfw * phi)
         if with_virial != 0:
@@ -126,6 +139,7 @@ def lj_kernel(
     n_recv: wp.int32,
     half: wp.int32,
     with_virial: wp.int32,
+    ghost_forces: wp.int32,
     row_key: wp.array(dtype=wp.int64),
     row_image: wp.array2d(dtype=wp.int32),
     grid: wp.array2d(dtype=wp.int32),
@@ -141,7 +155,8 @@ def lj_kernel(
 ):
     """Energies, forces and (``with_virial``) the per-row virial ``(xx, yy, zz, yz,
     xz, xy)`` of list row ``i``. Half list: ``forces`` and ``energies`` start at
-    zero and are added to; full list: row ``i`` is written."""
+    zero and are added to; full list: row ``i`` is written. ``ghost_forces`` 0:
+    owned rows get their complete forces and ghost rows none (no fold needed)."""
     i = wp.tid()
     x_i = wp.vector(positions[i, 0], positions[i, 1], positions[i, 2])
     zero = x_i[0] - x_i[0]
@@ -176,7 +191,7 @@ def lj_kernel(
             if wp.dot(r, r) < cutoff2:
                 f, e, vir = pair_update(
                     j, r, type_i, types, n_types, epsilon, sigma2, shift, own_i,
-                    n_recv, half, with_virial, forces, energies, f, e, vir,
+                    n_recv, half, with_virial, ghost_forces, forces, energies, f, e, vir,
                 )  # fmt: skip
     else:
         # the list of this row overflowed: walk the cells of the search instead
@@ -212,7 +227,8 @@ def lj_kernel(
                             if wp.dot(r, r) < cutoff2:
                                 f, e, vir = pair_update(
                                     j, r, type_i, types, n_types, epsilon, sigma2, shift,
-                                    own_i, n_recv, half, with_virial, forces, energies, f, e, vir,
+                                    own_i, n_recv, half, with_virial, ghost_forces, forces,
+                                    energies, f, e, vir,
                                 )  # fmt: skip
     if half != 0:
         wp.atomic_add(forces, i, 0, f[0])
