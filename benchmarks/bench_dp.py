@@ -436,10 +436,17 @@ def main() -> None:
         rows = largest(args.device, args.dtype[0], start, max(3, min(args.steps, 10)))
         fitted = [r for r in rows if r["run"] == "raw"]
         if fitted:
-            big = fitted[-1]
-            print(f"\nlargest LJ {args.dtype[0]} system that ran on {args.device}: {big['atoms']:,d} "
-                  f"atoms ({big['peak_bytes'] / big['atoms']:.0f} B/atom, {big['ms_per_step']:.1f} ms/step); "
-                  f"next size ({rows[-1]['atoms']:,d}): {rows[-1]['run']}")  # fmt: skip
+            big, last = fitted[-1], rows[-1]
+            why = (
+                f"{last['atoms']:,d} atoms ran out of memory"
+                if last["run"] != "raw"
+                else "stopped before running out of memory (CPU smoke check)"
+            )
+            print(
+                f"\nlargest LJ {args.dtype[0]} system that ran on {args.device}: {big['atoms']:,d} "
+                f"atoms ({big['peak_bytes'] / big['atoms']:.0f} B/atom, "
+                f"{big['ms_per_step']:.1f} ms/step); {why}"
+            )
         results.extend(rows)
     else:
         peer_ok = not args.no_peer and args.model == "lj"
