@@ -197,7 +197,8 @@ def keep_pair(
     n_recv: wp.int32,
     half: wp.int32,
 ) -> wp.bool:
-    """Whether the list of row ``i`` holds the pair ``(i, j, S)`` (``S != 0`` when ``i == j``).
+    """Whether the list of row ``i`` holds the pair ``(i, j, S)`` (``S != 0`` when ``i == j``;
+    ``S`` is read only then).
 
     Rows ``< n_recv`` are *owned*; a pair with no owned end is never kept.
     Full list: every pair with an owned end, in both directions. Half list:
@@ -561,16 +562,11 @@ def build_kernel(
                             )
                     for q in range(slot_end[slot] - slot_count[slot], slot_end[slot]):
                         j = sorted_row[q]
-                        s0 = t0
-                        s1 = t1
-                        s2 = t2
-                        if with_codes != 0:  # images are zero when no system is periodic
-                            s0 = s0 + sorted_image[p, 0] - sorted_image[q, 0]
-                            s1 = s1 + sorted_image[p, 1] - sorted_image[q, 1]
-                            s2 = s2 + sorted_image[p, 2] - sorted_image[q, 2]
-                        if j == i and s0 == 0 and s1 == 0 and s2 == 0:
+                        # S = t + n_i - n_j; for j == i (the only case the rule
+                        # reads S) that is t, so images are loaded only for kept pairs
+                        if j == i and t0 == 0 and t1 == 0 and t2 == 0:
                             continue
-                        if not keep_pair(i, j, s0, s1, s2, n_recv, half):
+                        if not keep_pair(i, j, t0, t1, t2, n_recv, half):
                             continue
                         r0 = sorted_pos[q, 0] + tc[0] - wi[0]
                         r1 = sorted_pos[q, 1] + tc[1] - wi[1]
@@ -579,7 +575,11 @@ def build_kernel(
                             if count < capacity:
                                 neighbors[count, i] = j
                                 if with_codes != 0:
-                                    code = shift_code(s0, s1, s2)
+                                    code = shift_code(
+                                        t0 + sorted_image[p, 0] - sorted_image[q, 0],
+                                        t1 + sorted_image[p, 1] - sorted_image[q, 1],
+                                        t2 + sorted_image[p, 2] - sorted_image[q, 2],
+                                    )
                                     if code < 0:
                                         bad_code = 1
                                     codes[count, i] = code

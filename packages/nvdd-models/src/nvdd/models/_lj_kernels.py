@@ -209,13 +209,13 @@ def lj_kernel(
                     if slot >= 0:
                         for q in range(slot_end[slot] - slot_count[slot], slot_end[slot]):
                             j = sorted_row[q]
+                            if j == i and t0 == 0 and t1 == 0 and t2 == 0:
+                                continue
+                            if not keep_pair(i, j, t0, t1, t2, n_recv, half):
+                                continue
                             s0 = t0 + row_image[i, 0] - sorted_image[q, 0]
                             s1 = t1 + row_image[i, 1] - sorted_image[q, 1]
                             s2 = t2 + row_image[i, 2] - sorted_image[q, 2]
-                            if j == i and s0 == 0 and s1 == 0 and s2 == 0:
-                                continue
-                            if not keep_pair(i, j, s0, s1, s2, n_recv, half):
-                                continue
                             r = wp.vector(positions[j, 0], positions[j, 1], positions[j, 2]) - x_i
                             if s0 != 0 or s1 != 0 or s2 != 0:
                                 for k in range(3):
