@@ -38,10 +38,7 @@ for the caller to share.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,6 +46,13 @@ import torch
 from nvdd.core import ValidationError, get_rank
 from nvdd.models import _cell_kernels as ck
 from nvdd.models._checks import check_geometry, check_positive, check_receivers, config_error, fail
+from nvdd.models._device_buffers import (
+    NeighborMatrix,
+    SearchState,
+    TensorMemo,
+    allocate_state,
+    resize_matrix,
+)
 from nvdd.models._warp import Kernel, declare_overloads
 
 __all__ = ["DeviceVerletList", "NeighborMatrix"]
@@ -84,118 +88,6 @@ _ERRORS = {
         f"{ck.MAX_SPAN} images per axis)"
     ),
 }
-
-
-class _Seen:
-    """Remembers one tensor by identity and version (content unchanged since)."""
-
-    def __init__(self) -> None:
-        self._ref: weakref.ReferenceType[torch.Tensor] | None = None
-        self._version = -1
-
-    def same(self, t: torch.Tensor) -> bool:
-        return self._ref is not None and self._ref() is t and t._version == self._version
-
-    def remember(self, t: torch.Tensor) -> None:
-        self._ref = weakref.ref(t)
-        self._version = t._version
-
-
-@dataclass
-class _State:
-    """Device buffers of one layout (rows, systems, dtype, device, receivers)."""
-
-    key: tuple[object, ...]
-    n_atoms: int
-    n_rows: int
-    n_recv: int
-    flags: torch.Tensor
-    host: Any  # ctypes view of the flags' host copy
-    pinned: torch.Tensor | None
-    event: Any  # torch.cuda.Event | None
-    pending: bool
-    ref_positions: torch.Tensor
-    ref_system: torch.Tensor
-    ref_cell: torch.Tensor
-    pbc: torch.Tensor
-    pbc_host: list[list[bool]] | None
-    periodic: bool
-    frame: torch.Tensor
-    grid: torch.Tensor
-    slot_key: torch.Tensor
-    slot_count: torch.Tensor
-    slot_end: torch.Tensor
-    row_key: torch.Tensor
-    row_image: torch.Tensor
-    row_slot: torch.Tensor
-    row_rank: torch.Tensor
-    sorted_row: torch.Tensor
-    sorted_pos: torch.Tensor
-    sorted_image: torch.Tensor
-    neighbors: torch.Tensor
-    codes: torch.Tensor
-    counts: torch.Tensor
-
-
-@dataclass(frozen=True)
-class NeighborMatrix:
-    """The device list of one call (views of the list's buffers: valid until its next call).
-
-    Attributes
-    ----------
-    neighbors:
-        Int32, shape ``(capacity, n_rows)``: ``neighbors[c, i]`` for
-        ``c < counts[i]``.
-    counts:
-        Int32, shape ``(n_rows,)``: neighbours of each row (may exceed the
-        capacity; -1 when a shift did not fit: the row must walk the cells).
-    codes:
-        Int32, shape ``(capacity, n_rows)``, packed image shifts; a ``(1, 1)``
-        placeholder when no system is periodic (all shifts zero).
-    periodic:
-        Whether ``codes`` holds shifts.
-    half:
-        One direction per pair (see ``_cell_kernels.keep_pair``), else both.
-    n_receivers:
-        Rows ``< n_receivers`` are owned; pairs without an owned end are absent.
-    radius:
-        The search radius (cutoff + skin): entries are within it at the last
-        build; the caller filters by its cutoff at the current positions.
-    """
-
-    neighbors: torch.Tensor
-    counts: torch.Tensor
-    codes: torch.Tensor
-    periodic: bool
-    half: bool
-    n_receivers: int
-    radius: float
-    state: _State
-
-    @property
-    def n_rows(self) -> int:
-        """Rows with a list (``n_receivers`` for a half list, else every row)."""
-        return int(self.counts.shape[0])
-
-    def pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(i, j, S)`` of every entry, int64 ``(n,)``, ``(n,)``, ``(n, 3)`` (host sync).
-
-        For tests and inspection. Raises :class:`ValidationError` when a row
-        overflowed the matrix (its entries live only in the cell walk).
-        """
-        counts = self.counts.long()
-        capacity = int(self.neighbors.shape[0])
-        if bool(((counts < 0) | (counts > capacity)).any()):
-            fail(f"{int(((counts < 0) | (counts > capacity)).sum())} rows overflowed the matrix")
-        slot = torch.arange(capacity, device=counts.device)[:, None]
-        mask = slot < counts[None, :]
-        rows = torch.arange(self.n_rows, device=counts.device)[None, :].expand_as(mask)
-        i, j = rows[mask], self.neighbors.long()[mask]
-        if not self.periodic:
-            return i, j, torch.zeros(i.shape[0], 3, dtype=torch.int64, device=i.device)
-        code = self.codes.long()[mask]
-        shifts = torch.stack([((code >> (10 * a)) & 1023) - ck.CODE_BIAS for a in range(3)], 1)
-        return i, j, shifts
 
 
 class DeviceVerletList:
@@ -251,12 +143,12 @@ class DeviceVerletList:
             raise config_error(f"max_capacity must be an int >= 1 or None, got {max_capacity!r}")
         self._max_capacity = max_capacity
         self._capacity = _FIRST_CAPACITY if max_capacity is None else min(16, max_capacity)
-        self._state: _State | None = None
+        self._state: SearchState | None = None
         self._call = 0
         self._regrow = 0
         self._kernels = _Kernels()
-        self._seen_pbc = _Seen()
-        self._seen_system = _Seen()
+        self._seen_pbc = TensorMemo()
+        self._seen_system = TensorMemo()
         self.pending_error: str | None = None
         self.host_rebuilds = 0
         self._repeats = 0
@@ -331,8 +223,8 @@ class DeviceVerletList:
         """Forget the list and its buffers; the next call rebuilds on the host."""
         self._state = None
         self._repeats = 0
-        self._seen_pbc = _Seen()
-        self._seen_system = _Seen()
+        self._seen_pbc = TensorMemo()
+        self._seen_system = TensorMemo()
         self.pending_error = None
 
     # ------------------------------------------------------------------ call
@@ -443,7 +335,7 @@ class DeviceVerletList:
     # ------------------------------------------------------------- internals
     def _run(
         self,
-        state: _State,
+        state: SearchState,
         pos: torch.Tensor,
         cell: torch.Tensor,
         system_index: torch.Tensor,
@@ -468,7 +360,7 @@ class DeviceVerletList:
 
     def _launch_chain(
         self,
-        state: _State,
+        state: SearchState,
         pos: torch.Tensor,
         cell: torch.Tensor,
         system_index: torch.Tensor,
@@ -527,7 +419,7 @@ class DeviceVerletList:
             dev, dtype,
         )  # fmt: skip
 
-    def _after_call(self, state: _State) -> None:
+    def _after_call(self, state: SearchState) -> None:
         """Start the asynchronous copy of the flags (CUDA); read them at once (CPU)."""
         if state.pinned is None:
             self._inspect(state, state.host)
@@ -536,7 +428,7 @@ class DeviceVerletList:
         state.event.record(torch.cuda.current_stream(state.flags.device))
         state.pending = True
 
-    def _poll(self, state: _State, *, wait: bool) -> None:
+    def _poll(self, state: SearchState, *, wait: bool) -> None:
         if state.pinned is None:
             self._inspect(state, state.host)
             return
@@ -549,7 +441,7 @@ class DeviceVerletList:
         state.pending = False
         self._inspect(state, state.host)
 
-    def _inspect(self, state: _State, values: Any) -> None:
+    def _inspect(self, state: SearchState, values: Any) -> None:
         errors = int(values[ck.F_ERROR])
         if errors:
             self._raise_errors(state, errors)
@@ -570,7 +462,7 @@ class DeviceVerletList:
         self._capacity = grown
         return True
 
-    def _raise_errors(self, state: _State, errors: int) -> None:
+    def _raise_errors(self, state: SearchState, errors: int) -> None:
         """Raise (and drop the list: the next call starts afresh), or with
         ``defer_errors`` record the message; the error bits stay set, so the
         outputs stay NaN until the list is rebuilt on the host."""
@@ -593,69 +485,19 @@ class DeviceVerletList:
         pos: torch.Tensor,
         n_systems: int,
         n_recv: int,
-        old: _State | None,
-    ) -> _State:
-        dev, dtype = pos.device, pos.dtype
-        n = int(pos.shape[0])
-        n_rows = n_recv if self._half else n
-        table = 1 << max(6, math.ceil(math.log2(max(1, 3 * n // 2 + 1))))
-        i32, i64 = torch.int32, torch.int64
-        flags = torch.zeros(ck.N_FLAGS, dtype=i32, device=dev)
-        pinned = event = None
-        if dev.type == "cuda":  # pragma: no cover - CUDA only
-            pinned = torch.zeros(ck.N_FLAGS, dtype=i32, pin_memory=True)
-            host = _host_view(pinned)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        else:
-            host = _host_view(flags)
-        if old is not None and old.flags.device == dev:
-            flags[ck.F_BUILDS] = old.flags[ck.F_BUILDS]  # the count survives a reallocation
-        else:
-            self._repeats = 0
-        periodic = old.periodic if old is not None else True
-        state = _State(
-            key=key,
-            n_atoms=n,
-            n_rows=n_rows,
-            n_recv=n_recv,
-            flags=flags,
-            host=host,
-            pinned=pinned,
-            event=event,
-            pending=False,
-            ref_positions=torch.zeros(n, 3, dtype=dtype, device=dev),
-            ref_system=torch.zeros(n, dtype=i64, device=dev),
-            ref_cell=torch.zeros(n_systems * 9, dtype=dtype, device=dev),
-            pbc=torch.zeros(n_systems, 3, dtype=i32, device=dev),
-            pbc_host=None,
-            periodic=periodic,
-            frame=torch.zeros(n_systems, 9, dtype=dtype, device=dev),
-            grid=torch.zeros(n_systems, 9, dtype=i32, device=dev),
-            slot_key=torch.full((table,), -1, dtype=i64, device=dev),
-            slot_count=torch.zeros(table, dtype=i32, device=dev),
-            slot_end=torch.zeros(table, dtype=i32, device=dev),
-            row_key=torch.zeros(n, dtype=i64, device=dev),
-            row_image=torch.zeros(n, 3, dtype=i32, device=dev),
-            row_slot=torch.zeros(n, dtype=i32, device=dev),
-            row_rank=torch.zeros(n, dtype=i32, device=dev),
-            sorted_row=torch.zeros(n, dtype=i32, device=dev),
-            sorted_pos=torch.zeros(n, 3, dtype=dtype, device=dev),
-            sorted_image=torch.zeros(n, 3, dtype=i32, device=dev),
-            neighbors=torch.zeros(0, dtype=i32, device=dev),
-            codes=torch.zeros(0, dtype=i32, device=dev),
-            counts=torch.zeros(n_rows, dtype=i32, device=dev),
-        )
-        self._resize_matrix(state)
-        self._seen_pbc = _Seen()  # a new layout reads pbc again
-        self._seen_system = _Seen()
+        old: SearchState | None,
+    ) -> SearchState:
+        n_rows = n_recv if self._half else int(pos.shape[0])
+        state = allocate_state(key, pos, n_systems, n_recv, n_rows, self._capacity, old)
+        if old is None or old.flags.device != pos.device:
+            self._repeats = 0  # the build count restarts with the flags
+        self._seen_pbc = TensorMemo()  # a new layout reads pbc again
+        self._seen_system = TensorMemo()
         self._state = state
         return state
 
-    def _resize_matrix(self, state: _State) -> None:
-        dev = state.flags.device
-        state.neighbors = torch.zeros(self._capacity, state.n_rows, dtype=torch.int32, device=dev)
-        shape = (self._capacity, state.n_rows) if state.periodic else (1, 1)
-        state.codes = torch.zeros(shape, dtype=torch.int32, device=dev)
+    def _resize_matrix(self, state: SearchState) -> None:
+        resize_matrix(state, self._capacity)
 
 
 def _grown(needed: int) -> int:
@@ -673,8 +515,3 @@ def _check_system_range(system_index: torch.Tensor, n_systems: int) -> None:
             f"system_index has {lo if lo < 0 else hi} (shape {tuple(system_index.shape)}), "
             f"expected values in 0..{n_systems - 1}"
         )
-
-
-def _host_view(t: torch.Tensor) -> Any:
-    """The int32 words of a host tensor, read without torch (no synchronisation to count)."""
-    return (ctypes.c_int32 * t.numel()).from_address(t.data_ptr())

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from nvdd.models._device_neighbors import DeviceVerletList, NeighborMatrix, _Seen
+from nvdd.models._device_buffers import NeighborMatrix, TensorMemo
+from nvdd.models._device_neighbors import DeviceVerletList
 from nvdd.models._lj_kernels import lj_kernel
 from nvdd.models._warp import Kernel, declare_overloads
 
@@ -42,7 +43,7 @@ class WarpLJ:
         self.neighbors = DeviceVerletList(cutoff, skin, half=half)
         self._kernel = Kernel(lj_kernel, floats=(8,))
         self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
-        self._seen_numbers = _Seen()
+        self._seen_numbers = TensorMemo()
         self._types: torch.Tensor | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -53,13 +54,13 @@ class WarpLJ:
         self.neighbors = state["neighbors"]  # type: ignore[assignment]
         self._kernel = Kernel(lj_kernel, floats=(8,))
         self._tables = {}
-        self._seen_numbers = _Seen()
+        self._seen_numbers = TensorMemo()
         self._types = None
 
     def reset(self) -> None:
         """Forget the neighbour list and the cached species rows."""
         self.neighbors.reset()
-        self._seen_numbers = _Seen()
+        self._seen_numbers = TensorMemo()
         self._types = None
 
     def forget_tables(self) -> None:
