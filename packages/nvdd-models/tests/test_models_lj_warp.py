@@ -26,6 +26,7 @@ from test_models_lj import _GEOMETRIES, _PAIRS, _SPECIES, _geometry_batch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import ForceMode, LennardJones, LJBackend, LJConfig
+from nvdd.models._device_buffers import FlagMirror, host_words
 from nvdd.models._device_neighbors import DeviceVerletList
 from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
 
@@ -271,6 +272,65 @@ def test_no_host_sync_under_a_dd_context_between_topologies() -> None:
 
 
 # ----------------------------------------------------------------- errors
+class DelayedMirror(FlagMirror):
+    """A flag copy that arrives one poll late, as a CUDA copy does (the CUDA logic on CPU)."""
+
+    def __init__(self, flags: torch.Tensor) -> None:
+        self._flags = flags
+        self._copy = flags.clone()
+        self.values = host_words(self._copy)
+        self._age: int | None = None
+
+    def start(self) -> None:
+        self._copy.copy_(self._flags)
+        self._age = 0
+
+    def ready(self, wait: bool) -> bool:
+        if self._age is None:
+            return False
+        if wait or self._age >= 1:
+            self._age = None
+            return True
+        self._age += 1
+        return False
+
+
+def test_with_late_flags_an_error_poisons_the_call_and_raises_at_the_next() -> None:
+    batch = _geometry_batch("cubic_periodic")
+    model = _model("warp", skin=0.3)
+    search = model.device_neighbors
+    search.mirror_factory = DelayedMirror
+    search.skip_idle_launches = False
+    model(batch)
+    positions = batch.positions.clone()
+    positions[2, 0] = float("nan")
+    out = model(batch.replace(positions=positions))  # the flags are not back yet
+    assert bool(out["energy"].isnan().all()) and bool(out["forces"].isnan().all())
+    with HostSyncCounter() as counter, pytest.raises(ValidationError, match="NaN or infinite"):
+        model(batch)  # they are now: raised before anything runs
+    assert counter.calls == []
+    _assert_matches(model(batch), _model("torch")(batch), torch.float64)  # starts afresh
+
+
+def test_with_late_flags_the_capacity_grows_one_call_later() -> None:
+    sparse = make_batch(
+        jittered_lattice((5, 5, 5), np.eye(3) * 5.5, 0.05, 1), np.eye(3), [False] * 3
+    )
+    dense = sparse.replace(positions=sparse.positions * 0.7)
+    ref_model, model = _model("torch", skin=0.2), _model("warp", skin=0.2)
+    search = model.device_neighbors
+    search.mirror_factory = DelayedMirror
+    model(sparse)
+    capacity, host = search.capacity, search.host_rebuilds
+    with HostSyncCounter() as counter:
+        walked = model(dense)  # rebuilt on the device, overflowing rows walk the cells
+    assert counter.calls == [] and search.host_rebuilds == host
+    assert search._state is not None and int(search._state.flags[4]) > 0  # rows walked
+    _assert_matches(walked, ref_model(dense), torch.float64)
+    _assert_matches(model(dense), ref_model(dense), torch.float64)
+    assert search.host_rebuilds == host + 1 and search.capacity > capacity
+
+
 @pytest.mark.parametrize("backend", ["warp", "torch"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_positions_raise(bad: float, backend: str) -> None:

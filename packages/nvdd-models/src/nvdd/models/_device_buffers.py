@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,84 @@ import torch
 from nvdd.models import _cell_kernels as ck
 from nvdd.models._checks import fail
 
-__all__ = ["NeighborMatrix", "SearchState", "TensorMemo", "allocate_state", "resize_matrix"]
+__all__ = [
+    "FlagMirror",
+    "HostMirror",
+    "NeighborMatrix",
+    "PinnedMirror",
+    "SearchState",
+    "TensorMemo",
+    "allocate_state",
+    "default_mirror",
+    "resize_matrix",
+]
+
+
+class FlagMirror:
+    """A host copy of the search's flag words, read without waiting for the device.
+
+    :meth:`start` begins a copy of the current flags (after a call's kernels);
+    :meth:`ready` says whether a copy has arrived (``wait``: wait for it), and
+    then :attr:`values` holds it (int32 words, indexable).
+    """
+
+    values: Any
+
+    def start(self) -> None:
+        """Begin copying the flags to the host."""
+        raise NotImplementedError
+
+    def ready(self, wait: bool) -> bool:
+        """Whether a copy has arrived since the last ``True`` (``wait``: block for it)."""
+        raise NotImplementedError
+
+
+class HostMirror(FlagMirror):
+    """Flags already in host memory (CPU): always current, nothing to copy."""
+
+    def __init__(self, flags: torch.Tensor) -> None:
+        self._flags = flags
+        self.values = host_words(flags)
+
+    def start(self) -> None:
+        """Nothing to copy."""
+
+    def ready(self, wait: bool) -> bool:
+        """Always."""
+        return True
+
+
+class PinnedMirror(FlagMirror):  # pragma: no cover - CUDA only (its logic: tests' mirrors)
+    """CUDA: a non-blocking copy into pinned memory, completion seen by an event."""
+
+    def __init__(self, flags: torch.Tensor) -> None:
+        self._flags = flags
+        self._pinned = torch.zeros(flags.shape, dtype=flags.dtype, pin_memory=True)
+        self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._pending = False
+        self.values = host_words(self._pinned)
+
+    def start(self) -> None:
+        """Enqueue the copy on the current stream and record its completion."""
+        self._pinned.copy_(self._flags, non_blocking=True)
+        self._event.record(torch.cuda.current_stream(self._flags.device))
+        self._pending = True
+
+    def ready(self, wait: bool) -> bool:
+        """Whether the last copy completed (``Event.query``; ``wait``: synchronise)."""
+        if not self._pending:
+            return False
+        if wait:
+            self._event.synchronize()
+        elif not self._event.query():  # type: ignore[no-untyped-call]
+            return False
+        self._pending = False
+        return True
+
+
+def default_mirror(flags: torch.Tensor) -> FlagMirror:
+    """:class:`PinnedMirror` for CUDA flags, :class:`HostMirror` otherwise."""
+    return PinnedMirror(flags) if flags.device.type == "cuda" else HostMirror(flags)
 
 
 class TensorMemo:
@@ -43,10 +121,8 @@ class SearchState:
     n_rows: int
     n_recv: int
     flags: torch.Tensor
-    host: Any  # ctypes view of the flags' host copy
-    pinned: torch.Tensor | None
-    event: Any  # torch.cuda.Event | None
-    pending: bool
+    mirror: FlagMirror
+    local: Any  # the flags' words when they live in host memory (CPU), else None
     ref_positions: torch.Tensor
     ref_system: torch.Tensor
     ref_cell: torch.Tensor
@@ -139,21 +215,16 @@ def allocate_state(
     n_rows: int,
     capacity: int,
     old: SearchState | None,
+    mirror: Callable[[torch.Tensor], FlagMirror] = default_mirror,
 ) -> SearchState:
     """Fresh buffers for ``pos``'s rows (the build count and periodicity carry over
-    from ``old``); the neighbour matrix holds ``capacity`` entries per row."""
+    from ``old``); the neighbour matrix holds ``capacity`` entries per row and
+    ``mirror(flags)`` copies the flags to the host."""
     dev, dtype = pos.device, pos.dtype
     n = int(pos.shape[0])
     table = 1 << max(6, math.ceil(math.log2(max(1, 3 * n // 2 + 1))))
     i32, i64 = torch.int32, torch.int64
     flags = torch.zeros(ck.N_FLAGS, dtype=i32, device=dev)
-    pinned = event = None
-    if dev.type == "cuda":  # pragma: no cover - CUDA only
-        pinned = torch.zeros(ck.N_FLAGS, dtype=i32, pin_memory=True)
-        host = _host_view(pinned)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    else:
-        host = _host_view(flags)
     if old is not None and old.flags.device == dev:
         flags[ck.F_BUILDS] = old.flags[ck.F_BUILDS]  # the count survives a reallocation
     periodic = old.periodic if old is not None else True
@@ -163,10 +234,8 @@ def allocate_state(
         n_rows=n_rows,
         n_recv=n_recv,
         flags=flags,
-        host=host,
-        pinned=pinned,
-        event=event,
-        pending=False,
+        mirror=mirror(flags),
+        local=host_words(flags) if dev.type == "cpu" else None,
         ref_positions=torch.zeros(n, 3, dtype=dtype, device=dev),
         ref_system=torch.zeros(n, dtype=i64, device=dev),
         ref_cell=torch.zeros(n_systems * 9, dtype=dtype, device=dev),
@@ -201,6 +270,6 @@ def resize_matrix(state: SearchState, capacity: int) -> None:
     state.codes = torch.zeros(shape, dtype=torch.int32, device=dev)
 
 
-def _host_view(t: torch.Tensor) -> Any:
+def host_words(t: torch.Tensor) -> Any:
     """The int32 words of a host tensor, read without torch (no synchronisation to count)."""
     return (ctypes.c_int32 * t.numel()).from_address(t.data_ptr())

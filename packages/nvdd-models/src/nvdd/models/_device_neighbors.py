@@ -39,6 +39,7 @@ for the caller to share.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,10 +48,12 @@ from nvdd.core import ValidationError, get_rank
 from nvdd.models import _cell_kernels as ck
 from nvdd.models._checks import check_geometry, check_positive, check_receivers, config_error, fail
 from nvdd.models._device_buffers import (
+    FlagMirror,
     NeighborMatrix,
     SearchState,
     TensorMemo,
     allocate_state,
+    default_mirror,
     resize_matrix,
 )
 from nvdd.models._warp import Kernel, declare_overloads
@@ -155,6 +158,8 @@ class DeviceVerletList:
         #: Launch only the check on CPU when nothing is rebuilt (reading the
         #: flag costs nothing there); tests turn it off to run the CUDA order.
         self.skip_idle_launches = True
+        #: Makes the host copy of a new list's flags (tests substitute a delayed one).
+        self.mirror_factory: Callable[[torch.Tensor], FlagMirror] = default_mirror
 
     # ------------------------------------------------------------ properties
     @property
@@ -385,7 +390,8 @@ class DeviceVerletList:
                  cell_flat, state.ref_cell, threshold2, call, flags],
                 dev, dtype,
             )  # fmt: skip
-            if self.skip_idle_launches and dev.type == "cpu" and state.host[ck.F_REBUILD] != call:
+            local = state.local
+            if self.skip_idle_launches and local is not None and local[ck.F_REBUILD] != call:
                 return
         f = int(force)
         table = int(state.slot_key.shape[0])
@@ -420,26 +426,14 @@ class DeviceVerletList:
         )  # fmt: skip
 
     def _after_call(self, state: SearchState) -> None:
-        """Start the asynchronous copy of the flags (CUDA); read them at once (CPU)."""
-        if state.pinned is None:
-            self._inspect(state, state.host)
-            return
-        state.pinned.copy_(state.flags, non_blocking=True)
-        state.event.record(torch.cuda.current_stream(state.flags.device))
-        state.pending = True
+        """Start the copy of the flags to the host; read it if it is there (CPU)."""
+        state.mirror.start()
+        if state.mirror.ready(wait=False):
+            self._inspect(state, state.mirror.values)
 
     def _poll(self, state: SearchState, *, wait: bool) -> None:
-        if state.pinned is None:
-            self._inspect(state, state.host)
-            return
-        if not state.pending:
-            return
-        if wait:
-            state.event.synchronize()
-        elif not state.event.query():
-            return
-        state.pending = False
-        self._inspect(state, state.host)
+        if state.mirror.ready(wait):
+            self._inspect(state, state.mirror.values)
 
     def _inspect(self, state: SearchState, values: Any) -> None:
         errors = int(values[ck.F_ERROR])
@@ -488,7 +482,9 @@ class DeviceVerletList:
         old: SearchState | None,
     ) -> SearchState:
         n_rows = n_recv if self._half else int(pos.shape[0])
-        state = allocate_state(key, pos, n_systems, n_recv, n_rows, self._capacity, old)
+        state = allocate_state(
+            key, pos, n_systems, n_recv, n_rows, self._capacity, old, self.mirror_factory
+        )
         if old is None or old.flags.device != pos.device:
             self._repeats = 0  # the build count restarts with the flags
         self._seen_pbc = TensorMemo()  # a new layout reads pbc again
