@@ -267,20 +267,25 @@ def check_kernel(
 
 
 @wp.func
-def _unit(v: Any):
+def _unit(v: wp.vec3d):
     n = wp.length(v)
-    if n > type(n)(0.0):
+    if n > wp.float64(0.0):
         return v / n
     return v
+
+
+@wp.func
+def _row(cell: wp.array3d(dtype=Any), s: wp.int32, a: wp.int32):
+    return wp.vec3d(wp.float64(cell[s, a, 0]), wp.float64(cell[s, a, 1]), wp.float64(cell[s, a, 2]))
 
 
 @wp.kernel(enable_backward=False)
 def frame_kernel(
     cell: wp.array3d(dtype=Any),
     pbc: wp.array2d(dtype=wp.int32),
-    search_radius: Any,
-    cell_height: Any,
-    frame: wp.array2d(dtype=Any),
+    search_radius: wp.float64,
+    cell_height: wp.float64,
+    frame: wp.array2d(dtype=wp.float64),
     grid: wp.array2d(dtype=wp.int32),
     slot_key: wp.array(dtype=wp.int64),
     slot_count: wp.array(dtype=wp.int32),
@@ -291,7 +296,9 @@ def frame_kernel(
     """Per system: the frame ``inv(M)`` and the grid (cells, search half-range,
     periodicity per axis); per slot: an empty table. Thread 0 resets the list's
     counters. ``cell_height``: the smallest cell height (``>= search_radius``
-    over cells per cutoff, with a rounding margin)."""
+    over cells per cutoff, with a rounding margin). Float64 whatever the
+    positions' dtype: cell indices of float32 positions then err by a few ulps of
+    the positions only, far inside the margin."""
     t = wp.tid()
     if not rebuilding(flags, call, force):
         return
@@ -306,18 +313,18 @@ def frame_kernel(
     if t >= cell.shape[0]:
         return
     s = t
-    zero = search_radius * type(search_radius)(0.0)
-    one = zero + type(search_radius)(1.0)
-    a0 = wp.vector(cell[s, 0, 0], cell[s, 0, 1], cell[s, 0, 2])
-    a1 = wp.vector(cell[s, 1, 0], cell[s, 1, 1], cell[s, 1, 2])
-    a2 = wp.vector(cell[s, 2, 0], cell[s, 2, 1], cell[s, 2, 2])
+    zero = wp.float64(0.0)
+    one = wp.float64(1.0)
+    a0 = _row(cell, s, 0)
+    a1 = _row(cell, s, 1)
+    a2 = _row(cell, s, 2)
     p0 = pbc[s, 0]
     p1 = pbc[s, 1]
     p2 = pbc[s, 2]
     n_per = p0 + p1 + p2
-    e0 = wp.vector(one, zero, zero)
-    e1 = wp.vector(zero, one, zero)
-    e2 = wp.vector(zero, zero, one)
+    e0 = wp.vec3d(one, zero, zero)
+    e1 = wp.vec3d(zero, one, zero)
+    e2 = wp.vec3d(zero, zero, one)
     if n_per == 0:
         a0 = e0
         a1 = e1
@@ -369,17 +376,17 @@ def frame_kernel(
         for k in range(3):
             frame[s, 3 * a + k] = inv[a, k]
     vol = wp.abs(det)
-    heights = wp.vector(
+    heights = wp.vec3d(
         vol / wp.length(wp.cross(a1, a2)),
         vol / wp.length(wp.cross(a2, a0)),
         vol / wp.length(wp.cross(a0, a1)),
     )
-    periodic = wp.vector(p0, p1, p2)
+    periodic = wp.vec3i(p0, p1, p2)
     for k in range(3):
         if periodic[k] != 0:
-            nb = wp.int32(wp.min(wp.floor(heights[k] / cell_height), type(one)(KEY_LIMIT)))
+            nb = wp.int32(wp.min(wp.floor(heights[k] / cell_height), wp.float64(KEY_LIMIT)))
             nb = wp.max(nb, 1)
-            width = heights[k] / type(one)(nb)
+            width = heights[k] / wp.float64(nb)
             span = wp.int32(wp.ceil(search_radius / width))
             if span > MAX_SPAN:
                 wp.atomic_or(flags, F_ERROR, ERR_IMAGES)
@@ -397,9 +404,9 @@ def frame_kernel(
 def assign_kernel(
     positions: wp.array2d(dtype=Any),
     system: wp.array(dtype=wp.int64),
-    frame: wp.array2d(dtype=Any),
+    frame: wp.array2d(dtype=wp.float64),
     grid: wp.array2d(dtype=wp.int32),
-    cell_height: Any,
+    cell_height: wp.float64,
     cell: wp.array(dtype=Any),
     ref_positions: wp.array2d(dtype=Any),
     ref_system: wp.array(dtype=wp.int64),
@@ -437,21 +444,22 @@ def assign_kernel(
         wp.atomic_or(flags, F_ERROR, ERR_NONFINITE)
     c = wp.vector(0, 0, 0)
     n = wp.vector(0, 0, 0)
+    xd = wp.vec3d(wp.float64(x[0]), wp.float64(x[1]), wp.float64(x[2]))
     for k in range(3):
-        f = x[0] * frame[s, k] + x[1] * frame[s, 3 + k] + x[2] * frame[s, 6 + k]
+        f = xd[0] * frame[s, k] + xd[1] * frame[s, 3 + k] + xd[2] * frame[s, 6 + k]
         if finite:
             if grid[s, 6 + k] != 0:
                 whole = wp.floor(f)
-                if wp.abs(whole) > type(f)(IMAGE_LIMIT):
+                if wp.abs(whole) > wp.float64(IMAGE_LIMIT):
                     wp.atomic_or(flags, F_ERROR, ERR_RANGE)
                 else:
                     nb = grid[s, k]
-                    ck = wp.int32((f - whole) * type(f)(nb))
+                    ck = wp.int32((f - whole) * wp.float64(nb))
                     c[k] = wp.min(wp.max(ck, 0), nb - 1)
                     n[k] = wp.int32(whole)
             else:
                 q = wp.floor(f / cell_height)
-                if wp.abs(q) > type(f)(KEY_LIMIT - MAX_SPAN):
+                if wp.abs(q) > wp.float64(KEY_LIMIT - MAX_SPAN):
                     wp.atomic_or(flags, F_ERROR, ERR_RANGE)
                 else:
                     c[k] = wp.int32(q)

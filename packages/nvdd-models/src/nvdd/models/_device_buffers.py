@@ -242,7 +242,7 @@ def allocate_state(
         pbc=torch.zeros(n_systems, 3, dtype=i32, device=dev),
         pbc_host=None,
         periodic=periodic,
-        frame=torch.zeros(n_systems, 9, dtype=dtype, device=dev),
+        frame=torch.zeros(n_systems, 9, dtype=torch.float64, device=dev),
         grid=torch.zeros(n_systems, 9, dtype=i32, device=dev),
         slot_key=torch.full((table,), -1, dtype=i64, device=dev),
         slot_count=torch.zeros(table, dtype=i32, device=dev),

@@ -66,8 +66,8 @@ class _Kernels:
 
     def __init__(self) -> None:
         self.check = Kernel(ck.check_kernel, floats=(7,))
-        self.frame = Kernel(ck.frame_kernel, floats=(2, 3))
-        self.assign = Kernel(ck.assign_kernel, floats=(4,))
+        self.frame = Kernel(ck.frame_kernel, doubles=(2, 3))
+        self.assign = Kernel(ck.assign_kernel, doubles=(4,))
         self.scatter = Kernel(ck.scatter_kernel)
         self.build = Kernel(ck.build_kernel, floats=(9,))
 
@@ -75,9 +75,13 @@ class _Kernels:
         declare_overloads(self.check, self.frame, self.assign, self.scatter, self.build)
 
 
-#: Cells a little higher than the search radius: rounding of the coordinates
-#: (relative 1e-7 in float32) can never push a neighbour past the next cell.
+#: Cells a little higher than the search radius: rounding of the (float64) cell
+#: coordinates can never push a neighbour past the next cell.
 _CELL_MARGIN = 1e-3
+#: The search radius exceeds ``cutoff + skin`` by this fraction: the list's
+#: distances (from wrapped positions) and the force kernel's (unwrapped, in the
+#: same dtype) may differ by rounding; the force kernel filters by its own.
+_RADIUS_MARGIN = 1e-4
 _FIRST_CAPACITY = 16
 _ERRORS = {
     ck.ERR_NONFINITE: "positions hold NaN or infinite values",
@@ -99,7 +103,8 @@ class DeviceVerletList:
     Parameters
     ----------
     cutoff:
-        Interaction cutoff (Angstrom); the search radius is ``cutoff + skin``.
+        Interaction cutoff (Angstrom); the search radius is ``cutoff + skin``
+        (plus 0.01 %: the caller filters by its cutoff with its own arithmetic).
     skin:
         Verlet skin, ``>= 0``: the list is rebuilt when an atom moved more than
         ``skin / 2`` since the last build.
@@ -174,8 +179,8 @@ class DeviceVerletList:
 
     @property
     def radius(self) -> float:
-        """The search radius ``cutoff + skin``."""
-        return self._cutoff + self._skin
+        """The search radius: ``cutoff + skin``, plus 0.01 % for rounding."""
+        return (self._cutoff + self._skin) * (1.0 + _RADIUS_MARGIN)
 
     @property
     def half(self) -> bool:

@@ -58,6 +58,9 @@ class Kernel:
     floats:
         Positions of the arguments that are Python floats standing for a scalar
         of the kernel's float type (cast to it here).
+    doubles:
+        Positions of Python float arguments of a ``wp.float64`` parameter (Warp
+        would take a bare Python float for a float32).
 
     Notes
     -----
@@ -69,9 +72,12 @@ class Kernel:
     owner (a neighbour list, a model) so that they go with it.
     """
 
-    def __init__(self, kernel: Any, floats: Sequence[int] = ()) -> None:
+    def __init__(
+        self, kernel: Any, floats: Sequence[int] = (), doubles: Sequence[int] = ()
+    ) -> None:
         self._kernel = kernel
         self._floats = tuple(floats)
+        self._doubles = tuple(doubles)
         self._records: dict[tuple[object, ...], tuple[Any, list[object], object]] = {}
 
     @property
@@ -113,7 +119,10 @@ class Kernel:
             return
         wp = warp_module()
         scalar = getattr(wp, _SCALARS[dtype])
-        values = [scalar(a) if k in self._floats else a for k, a in enumerate(args)]
+        values = [
+            scalar(a) if k in self._floats else wp.float64(a) if k in self._doubles else a
+            for k, a in enumerate(args)
+        ]
         keys = [_arg_key(a) for a in args]
         signature = (
             device,
