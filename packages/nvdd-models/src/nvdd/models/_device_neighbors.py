@@ -200,6 +200,15 @@ class DeviceVerletList:
         builds = 0 if state is None else int(state.flags[ck.F_BUILDS].item())
         return builds - self._repeats
 
+    @property
+    def error_word(self) -> torch.Tensor | None:
+        """The sticky error bits on the device, int32 shape ``(1,)`` (a view; None
+        before the first call): nonzero while the outputs are NaN. A runtime can
+        fold it into a reduction it performs anyway (e.g. its rebuild decision) to
+        stop every rank together without an extra synchronisation."""
+        state = self._state
+        return None if state is None else state.flags[ck.F_ERROR : ck.F_ERROR + 1]
+
     def __repr__(self) -> str:
         return (
             f"DeviceVerletList(cutoff={self._cutoff}, skin={self._skin}, half={self._half}, "
