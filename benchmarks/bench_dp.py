@@ -1,15 +1,45 @@
-"""Benchmark: DomainParallel step time on N ranks vs 1 rank vs the raw integrator.
+"""Benchmark: nvdd's MD step against the single-GPU peer loop, single process and DomainParallel.
 
-Lennard-Jones argon (FCC, cutoff 8.5 A, skin 1 A), velocity-Verlet NVE. In ONE
-run it times: the raw single-process integrator (no DD wrapper), DomainParallel
-on 1 rank (the wrapper's overhead), and DomainParallel on each N given; then
-prints ms/step, speed-up and efficiency relative to the raw run, and the share
-of each step spent in halo exchange, fold, migration and plan builds (rank 0).
+Lennard-Jones argon (FCC a = 5.26 A, cutoff 8.5 A, skin 1 A), velocity Verlet
+(4 fs). For every size and dtype, in ONE run it times:
 
-Usage::
+- **peer**: the loop of ``/work/shared/reference/peer_lj_ops.py`` built from
+  nvalchemi-toolkit-ops (its Warp cell-list half neighbour matrix rebuilt every
+  10 steps at 9.5 A, its Warp LJ kernel, velocity Verlet as in-place torch ops),
+  on the same atoms and velocities. Timed twice: with a device synchronisation
+  only around the whole run (``peer``) and around every step as the reference
+  script does (``peer (sync/step)``); the faster of the two is the baseline of
+  every ratio;
+- **raw**: nvdd's single-process ``VelocityVerlet`` + ``LennardJones`` (the Warp
+  backend, half and, with ``--lj-list half full``, full neighbour lists), with
+  the peak GPU memory per atom (``torch.cuda.max_memory_allocated``);
+- **DomainParallel** on each world size of ``--worlds`` (one process per rank:
+  gloo on CPU, NCCL on CUDA), with the share of each step spent in halo
+  exchange, fold, migration and plan builds (rank 0);
 
+and prints ms/step, **nvdd / peer** (below 1: nvdd is faster), speed-up and
+efficiency against the raw run, and bytes per atom; then the time of one
+neighbour build of each (the peer's cell list, nvdd's device list rebuilt on
+the device, half and full). ``--largest`` instead
+doubles the atom count of the raw fp32 run until the GPU runs out of memory
+(caught) and reports the largest size that ran, as a row.
+
+GPU (the commands of docs/benchmarks.md; repository root, PYTHONPATH with every
+``packages/*/src``, warp-lang and nvalchemi-toolkit-ops importable)::
+
+    # one H200: peer, raw and DomainParallel at 1 GPU; 4,000 to 4M atoms
+    python benchmarks/bench_dp.py --device cuda --cells 10 32 63 100 \\
+        --dtype float32 float64 --lj-list half full --steps 100 --warmup 20 --worlds 1
+    # two H200s (nvidia-h200-x2): the 1M-atom scaling rows
+    python benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 float64 \\
+        --steps 100 --warmup 20 --worlds 1 2
+    # the largest LJ fp32 system one GPU holds
+    python benchmarks/bench_dp.py --device cuda --largest --dtype float32
+
+CPU smoke check (the peer runs on Warp's CPU backend too)::
+
+    python benchmarks/bench_dp.py --quick
     python benchmarks/bench_dp.py --cells 10 --steps 40 --worlds 1 2
-    python benchmarks/bench_dp.py --device cuda --cells 40 --worlds 1   # one GPU
 
 CPU ranks share the machine's cores: on a 2-core host, 2 ranks can at best
 halve the time. Ratios within one run are the result; this is not a test.
@@ -18,7 +48,9 @@ halve the time. Ratios within one run are the result; this is not a test.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
 import sys
 import time
@@ -29,26 +61,49 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-
-def _system(cells: int, device: str, dtype: torch.dtype) -> Any:
-    from nvalchemi.distributed._demo import argon_box
-
-    return argon_box(cells, dtype=dtype, temperature_K=90.0, seed=0).to(device)
-
-
+AR_LATTICE, AR_EPSILON, AR_SIGMA, AR_MASS = 5.26, 0.0104, 3.40, 39.948
+KB_EV_PER_K = 8.617333262e-5
+ASE_TIME_PER_FS = 1.0 / 10.180505710774743  # 1 fs in ASE time units (sqrt(amu A^2 / eV))
 MODEL = "lj"
 CUTOFF = {"lj": 8.5, "mpnn": 5.0}
+DT_FS, SKIN, PEER_EVERY = 4.0, 1.0, 10
 
 
-def _model(device: str, dtype: torch.dtype) -> Any:
+def _system(cells: int, device: str, dtype: torch.dtype) -> Any:
+    """FCC argon at 90 K, built on ``device`` (the peer script's atom order)."""
+    from nvdd.core import Batch
+
+    basis = torch.tensor(
+        [[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=dtype, device=device
+    )
+    g = torch.arange(cells, dtype=dtype, device=device)
+    grid = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 1, 3)
+    positions = ((grid + basis[None]) * AR_LATTICE).reshape(-1, 3)
+    n = positions.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    scale = math.sqrt(KB_EV_PER_K * 90.0 / AR_MASS)
+    v = (torch.randn(n, 3, generator=gen, dtype=dtype) * scale).to(device)
+    v -= v.mean(dim=0)
+    return Batch(
+        positions=positions,
+        atomic_numbers=torch.full((n,), 18, device=device),
+        masses=torch.full((n,), AR_MASS, dtype=dtype, device=device),
+        velocities=v,
+        cell=torch.eye(3, dtype=dtype, device=device) * cells * AR_LATTICE,
+        pbc=torch.ones(1, 3, dtype=torch.bool, device=device),
+    )
+
+
+def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
     from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
 
     if MODEL == "mpnn":
-        cfg = MPNNConfig(cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=1.0)
+        cfg = MPNNConfig(cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=SKIN)
         return ReferenceMPNN(cfg, dtype=dtype, device=device)
-    return LennardJones(LJConfig(cutoff=8.5, epsilon=0.0104, sigma=3.40, skin=1.0)).to(
-        device=device, dtype=dtype
+    config = LJConfig(
+        cutoff=8.5, epsilon=AR_EPSILON, sigma=AR_SIGMA, skin=SKIN, half_list=half_list
     )
+    return LennardJones(config).to(device=device, dtype=dtype)
 
 
 def _sync(device: str) -> None:
@@ -56,24 +111,187 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _reset_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> int:
+    return torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+
+
+# --------------------------------------------------------------------- peer
+def peer(
+    cells: int, steps: int, warmup: int, device: str, dtype_name: str, sync_each_step: bool
+) -> dict[str, Any]:
+    """The nvalchemi-toolkit-ops loop of peer_lj_ops.py on the same system."""
+    import warp as wp
+    from nvalchemiops.interactions.lj import lj_energy_forces
+    from nvalchemiops.torch.neighbors import neighbor_list
+
+    wp.config.quiet = True
+    wp.init()
+    dtype = getattr(torch, dtype_name)
+    _reset_memory(device)
+    batch = _system(cells, device, dtype)
+    pos, vel = batch.positions.contiguous(), batch.velocities.contiguous()
+    cell = batch.cell.reshape(1, 3, 3).contiguous()
+    n = pos.shape[0]
+    vec = wp.vec3d if dtype == torch.float64 else wp.vec3f
+    mat = wp.mat33d if dtype == torch.float64 else wp.mat33f
+    cell_wp = wp.from_torch(cell, dtype=mat)
+    energies = torch.zeros(n, dtype=dtype, device=device)
+    forces = torch.zeros(n, 3, dtype=dtype, device=device)
+    e_wp, f_wp = wp.from_torch(energies), wp.from_torch(forces, dtype=vec)
+    pos_wp = wp.from_torch(pos, dtype=vec)  # pos is updated in place: one view
+    pbc = torch.ones(1, 3, dtype=torch.bool, device=device)
+    state: dict[str, Any] = {}
+
+    def build() -> None:
+        nm, nn, sh = neighbor_list(
+            pos, cutoff=CUTOFF["lj"] + SKIN, cell=cell, pbc=pbc, method="cell_list", half_fill=True
+        )[:3]
+        state["nn"] = nn
+        state["nm"] = wp.from_torch(nm.to(torch.int32).contiguous())
+        state["nn_wp"] = wp.from_torch(nn.to(torch.int32).contiguous())
+        state["sh"] = wp.from_torch(sh.to(torch.int32).contiguous(), dtype=wp.vec3i)
+
+    def force() -> None:
+        forces.zero_()
+        energies.zero_()
+        lj_energy_forces(
+            pos_wp, cell_wp, AR_EPSILON, AR_SIGMA, CUTOFF["lj"],
+            neighbor_matrix=state["nm"], neighbor_matrix_shifts=state["sh"],
+            num_neighbors=state["nn_wp"], fill_value=n, half_neighbor_list=True,
+            energies_out=e_wp, forces_out=f_wp,
+        )  # fmt: skip
+
+    dt = DT_FS * ASE_TIME_PER_FS
+    kick = 0.5 * dt / AR_MASS
+    build()
+    force()
+
+    def step(s: int) -> None:
+        vel.add_(forces, alpha=kick)
+        pos.add_(vel, alpha=dt)
+        if s % PEER_EVERY == 0:
+            build()
+        force()
+        vel.add_(forces, alpha=kick)
+
+    for s in range(warmup):
+        step(s)
+    _sync(device)
+    elapsed = 0.0
+    t0 = time.perf_counter()
+    for s in range(warmup, warmup + steps):
+        if sync_each_step:
+            _sync(device)
+            t1 = time.perf_counter()
+            step(s)
+            _sync(device)
+            elapsed += time.perf_counter() - t1
+        else:
+            step(s)
+    _sync(device)
+    if not sync_each_step:
+        elapsed = time.perf_counter() - t0
+    return {
+        "ms_per_step": 1000 * elapsed / steps,
+        "atoms": n,
+        "peak_bytes": _peak(device),
+        "half_neighbors": float(state["nn"].float().mean()),
+        "energy": float(energies.sum()),
+    }
+
+
+# ------------------------------------------------------- neighbour builds
+def builds(cells: int, device: str, dtype_name: str, repeats: int = 3) -> dict[str, float]:
+    """ms per neighbour build: the peer's cell list and nvdd's device list (a rebuild
+    decided on the device, half and full lists), at 9.5 A on the same atoms."""
+    from nvdd.models._device_neighbors import DeviceVerletList
+
+    dtype = getattr(torch, dtype_name)
+    _reset_memory(device)
+    batch = _system(cells, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    moved = [
+        batch.positions
+        + (0.7 * torch.randn(batch.positions.shape, generator=gen, dtype=dtype)).to(device)
+        for _ in range(repeats)
+    ]
+
+    def timed(fn: Any) -> float:
+        fn(batch.positions)  # first call: compile, allocate, size
+        _sync(device)
+        t0 = time.perf_counter()
+        for pos in moved:
+            fn(pos)
+        _sync(device)
+        return 1000 * (time.perf_counter() - t0) / repeats
+
+    out: dict[str, float] = {}
+    for half in (True, False):
+        search = DeviceVerletList(CUTOFF["lj"], SKIN, half=half)
+        out[f"nvdd_{'half' if half else 'full'}_ms"] = timed(
+            lambda pos, s=search: s(pos, batch.cell, batch.pbc, batch.system_index)
+        )
+    try:
+        from nvalchemiops.torch.neighbors import neighbor_list
+    except ImportError:
+        return out
+    cell = batch.cell.reshape(1, 3, 3).contiguous()
+    pbc = torch.ones(1, 3, dtype=torch.bool, device=device)
+    out["peer_ms"] = timed(
+        lambda pos: neighbor_list(
+            pos, cutoff=CUTOFF["lj"] + SKIN, cell=cell, pbc=pbc, method="cell_list", half_fill=True
+        )
+    )
+    return out
+
+
+# ---------------------------------------------------------------------- raw
 def raw(
-    cells: int, steps: int, warmup: int, device: str, dtype_name: str, model: str = "lj"
-) -> dict[str, float]:
+    cells: int,
+    steps: int,
+    warmup: int,
+    device: str,
+    dtype_name: str,
+    model: str = "lj",
+    half_list: bool = True,
+) -> dict[str, Any]:
     """The single-process integrator without any DD wrapper."""
     from nvdd.dynamics import VelocityVerlet
 
     global MODEL
     MODEL = model
     dtype = getattr(torch, dtype_name)
-    dyn = VelocityVerlet(_model(device, dtype), _system(cells, device, dtype), dt_fs=4.0)
+    _reset_memory(device)
+    dyn = VelocityVerlet(
+        _model(device, dtype, half_list), _system(cells, device, dtype), dt_fs=DT_FS
+    )
     dyn.run(warmup)
     _sync(device)
     t0 = time.perf_counter()
     dyn.run(steps)
     _sync(device)
-    return {"ms_per_step": 1000 * (time.perf_counter() - t0) / steps, "atoms": dyn.batch.n_atoms}
+    elapsed = time.perf_counter() - t0
+    out: dict[str, Any] = {
+        "ms_per_step": 1000 * elapsed / steps,
+        "atoms": dyn.batch.n_atoms,
+        "peak_bytes": _peak(device),
+        "energy": float(dyn.batch.energy.sum()),
+    }
+    search = getattr(dyn.model, "device_neighbors", None)
+    if search is not None and MODEL == "lj":
+        out["builds"] = search.n_builds
+        out["capacity"] = search.capacity
+    return out
 
 
+# ----------------------------------------------------------- DomainParallel
 def dd(
     cells: int, steps: int, warmup: int, device: str, dtype_name: str, model: str = "lj"
 ) -> dict[str, Any]:
@@ -88,11 +306,12 @@ def dd(
     rank = dist.get_rank()
     if device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
+    _reset_memory(device)
     batch = _system(cells, device, dtype) if rank == 0 else _system(1, device, dtype)
-    dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=4.0)
+    dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=DT_FS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = DomainConfig(cutoff=CUTOFF[MODEL], skin=1.0)
+        config = DomainConfig(cutoff=CUTOFF[MODEL], skin=SKIN)
         dp = DomainParallel(dyn, config, sync_timings=True)
         with dp:
             dp.partition()
@@ -109,85 +328,177 @@ def dd(
             shares = {k: v / elapsed for k, v in dp.stats.seconds.items()}
             counts = dp.sharded.owned_counts
             ghosts = dp.stats.n_ghost
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
     return {
         "ms_per_step": 1000 * elapsed / steps,
         "shares": shares,
         "owned": counts,
         "ghosts_rank0": ghosts,
-        "peak_bytes": peak,
+        "peak_bytes": _peak(device),
     }
+
+
+# ------------------------------------------------------------------ largest
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def largest(device: str, dtype_name: str, start_cells: int, steps: int) -> list[dict[str, Any]]:
+    """Double the atoms of the raw LJ run until memory runs out; one row per size."""
+    rows: list[dict[str, Any]] = []
+    cells = start_cells
+    while True:
+        try:
+            res = raw(cells, steps, 2, device, dtype_name)
+        except (RuntimeError, MemoryError) as exc:
+            if not _is_oom(exc):
+                raise
+            rows.append({"run": "raw (out of memory)", "ranks": 1, "cells": cells,
+                         "atoms": 4 * cells**3, "ms_per_step": math.nan, "peak_bytes": 0})  # fmt: skip
+            break
+        finally:
+            _reset_memory(device)
+        rows.append({"run": "raw", "ranks": 1, "cells": cells, **res})
+        print(f"  {res['atoms']:>12,d} atoms: {res['ms_per_step']:.1f} ms/step, "
+              f"{res['peak_bytes'] / res['atoms']:.0f} B/atom", flush=True)  # fmt: skip
+        cells = math.ceil(cells * 2 ** (1 / 3))
+        if device == "cpu" and cells > 2 * start_cells:  # CPU: a smoke check of the loop
+            break
+    return rows
+
+
+# --------------------------------------------------------------------- main
+def _print(title: str, rows: list[dict[str, Any]]) -> None:
+    peers = [r for r in rows if r["run"].startswith("peer")]
+    base = min(peers, key=lambda r: r["ms_per_step"]) if peers else None  # the peer's best
+    raw_row = next((r for r in rows if r["run"].startswith("raw")), None)
+    print(f"\n{title}")
+    cols = ("exchange", "fold", "migrate", "plan")
+    print(
+        f"{'run':<22}{'ranks':>6}{'ms/step':>10}{'nvdd/peer':>10}{'vs raw':>8}{'eff.':>7}"
+        f"{'B/atom':>8}" + "".join(f"{c:>9}" for c in cols)
+    )
+    for r in rows:
+        ms = r["ms_per_step"]
+        ratio = (
+            ms / base["ms_per_step"]
+            if base is not None and not r["run"].startswith("peer")
+            else math.nan
+        )
+        speed = raw_row["ms_per_step"] / ms if raw_row is not None else math.nan
+        per_atom = r.get("peak_bytes", 0) / max(1, r.get("atoms", 0) or 1)
+        shares = r.get("shares", {})
+        print(
+            f"{r['run']:<22}{r['ranks']:>6}{ms:>10.2f}{ratio:>10.2f}{speed:>8.2f}"
+            f"{speed / r['ranks']:>7.2f}{per_atom:>8.0f}"
+            + "".join(f"{100 * shares.get(c, 0.0):>8.1f}%" for c in cols)
+        )
+    one = next((r for r in rows if r["run"] == "DomainParallel" and r["ranks"] == 1), None)
+    if one is not None and raw_row is not None:
+        print(
+            f"DD wrapper overhead at 1 rank: {100 * (one['ms_per_step'] / raw_row['ms_per_step'] - 1):+.1f}%"
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cells", type=int, default=10, help="FCC cells per edge (4 atoms each)")
+    p.add_argument(
+        "--cells", type=int, nargs="+", default=[10], help="FCC cells per edge (4 atoms each)"
+    )
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--worlds", type=int, nargs="*", default=[1, 2])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    p.add_argument("--dtype", nargs="+", default=["float64"], choices=["float32", "float64"])
     p.add_argument(
         "--model",
         choices=["lj", "mpnn"],
         default="lj",
         help="LJ argon, or the reference MPNN (2 layers, cutoff 5 A) on the same box",
     )
-    p.add_argument("--quick", action="store_true", help="--cells 8 --steps 20")
+    p.add_argument("--lj-list", nargs="+", default=["half"], choices=["half", "full"],
+                   help="neighbour lists of the raw LJ legs (Warp backend)")  # fmt: skip
+    p.add_argument("--no-peer", action="store_true", help="skip the nvalchemi-toolkit-ops leg")
+    p.add_argument("--largest", action="store_true",
+                   help="double the raw LJ system until out of memory (first --dtype)")  # fmt: skip
+    p.add_argument("--start-cells", type=int, default=100, help="--largest: first size")
+    p.add_argument("--quick", action="store_true", help="--cells 8 --steps 20 (CPU smoke check)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.quick:
-        args.cells, args.steps = 8, 20
+        args.cells, args.steps = [8], 20
     from nvdd.core import spawn_ranks
 
-    rows: list[dict[str, Any]] = []
     threads = max(1, (os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    base = raw(args.cells, args.steps, args.warmup, args.device, args.dtype, args.model)
-    rows.append({"run": "raw integrator", "ranks": 1, **base})
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    for world in args.worlds:
-        per_rank = max(1, threads // world)
-        res = spawn_ranks(
-            dd,
-            world,
-            args.cells,
-            args.steps,
-            args.warmup,
-            args.device,
-            args.dtype,
-            args.model,
-            backend=backend,
-            timeout_s=1800,
-            threads_per_rank=per_rank,
-            start_method="spawn",
-        )[0]
-        rows.append({"run": "DomainParallel", "ranks": world, **res})
-    print(
-        f"\n{args.model.upper()} on argon, {base['atoms']} atoms, {args.dtype}, {args.device}, {args.steps} steps "
-        f"(one run; {threads} CPU threads shared by the ranks)"
-    )
-    cols = ("exchange", "fold", "migrate", "plan")
-    print(
-        f"{'run':<16}{'ranks':>6}{'ms/step':>10}{'speed-up':>10}{'efficiency':>11}"
-        + "".join(f"{c:>10}" for c in cols)
-    )
-    for r in rows:
-        speed = base["ms_per_step"] / r["ms_per_step"]
-        shares = r.get("shares", {})
-        print(
-            f"{r['run']:<16}{r['ranks']:>6}{r['ms_per_step']:>10.1f}{speed:>10.2f}"
-            f"{speed / r['ranks']:>11.2f}"
-            + "".join(f"{100 * shares.get(c, 0.0):>9.1f}%" for c in cols)
-        )
-    one = next((r for r in rows if r["run"] == "DomainParallel" and r["ranks"] == 1), None)
-    if one is not None:
-        print(
-            f"DD wrapper overhead at 1 rank: {100 * (one['ms_per_step'] / base['ms_per_step'] - 1):+.1f}%"
-        )
+    results: list[dict[str, Any]] = []
+    if args.largest:
+        start = args.start_cells if args.device != "cpu" else min(args.start_cells, 6)
+        rows = largest(args.device, args.dtype[0], start, max(3, min(args.steps, 10)))
+        fitted = [r for r in rows if r["run"] == "raw"]
+        if fitted:
+            big, last = fitted[-1], rows[-1]
+            why = (
+                f"{last['atoms']:,d} atoms ran out of memory"
+                if last["run"] != "raw"
+                else "stopped before running out of memory (CPU smoke check)"
+            )
+            print(
+                f"\nlargest LJ {args.dtype[0]} system that ran on {args.device}: {big['atoms']:,d} "
+                f"atoms ({big['peak_bytes'] / big['atoms']:.0f} B/atom, "
+                f"{big['ms_per_step']:.1f} ms/step); {why}"
+            )
+        results.extend(rows)
+    else:
+        peer_ok = not args.no_peer and args.model == "lj"
+        for dtype in args.dtype:
+            for cells in args.cells:
+                rows: list[dict[str, Any]] = []
+                if peer_ok:
+                    for sync_each in (False, True):
+                        res = peer(cells, args.steps, args.warmup, args.device, dtype, sync_each)
+                        rows.append(
+                            {"run": "peer (sync/step)" if sync_each else "peer", "ranks": 1, **res}
+                        )
+                lists = args.lj_list if args.model == "lj" else ["half"]
+                for kind in lists:
+                    res = raw(
+                        cells,
+                        args.steps,
+                        args.warmup,
+                        args.device,
+                        dtype,
+                        args.model,
+                        kind == "half",
+                    )
+                    label = f"raw ({kind} list)" if args.model == "lj" else "raw"
+                    rows.append({"run": label, "ranks": 1, **res})
+                backend = "nccl" if args.device == "cuda" else "gloo"
+                for world in args.worlds:
+                    per_rank = max(1, threads // world)
+                    res = spawn_ranks(
+                        dd, world, cells, args.steps, args.warmup, args.device, dtype, args.model,
+                        backend=backend, timeout_s=1800, threads_per_rank=per_rank, start_method="spawn",
+                    )[0]  # fmt: skip
+                    rows.append({"run": "DomainParallel", "ranks": world, **res})
+                atoms = rows[0]["atoms"] if rows else 4 * cells**3
+                if args.model == "lj":
+                    times = builds(cells, args.device, dtype)
+                    print(
+                        "\nneighbour build at 9.5 A (ms): "
+                        + ", ".join(f"{k.removesuffix('_ms')} {v:.2f}" for k, v in times.items())
+                    )
+                    results.append({"run": "builds", "cells": cells, "dtype": dtype, **times})
+                _print(
+                    f"{args.model.upper()} argon, {atoms:,d} atoms, {dtype}, {args.device}, "
+                    f"{args.steps} steps (one run; {threads} CPU threads shared by the ranks)",
+                    rows,
+                )
+                for r in rows:
+                    r.update(cells=cells, dtype=dtype)
+                results.extend(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1, default=str)
+            json.dump(results, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

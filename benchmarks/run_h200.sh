@@ -24,6 +24,13 @@ python3 benchmarks/bench_dp.py --device cuda --cells 63 --steps 40 --warmup 10 -
   --dtype float32 --json "$out/dp_f32.json" 2>&1 | grep -v -i "warp\|module"
 python3 benchmarks/bench_dp.py --device cuda --cells 63 --steps 40 --warmup 10 --worlds 1 \
   --dtype float64 --json "$out/dp_f64.json" 2>&1 | grep -v -i "warp\|module"
+step "issue 13: nvdd vs the nvalchemi-toolkit-ops peer loop (same system, same run), 4k to 4M atoms"
+python3 benchmarks/bench_dp.py --device cuda --cells 10 32 63 100 --dtype float32 float64 \
+  --lj-list half full --steps 100 --warmup 20 --worlds 1 --json "$out/peer.json" 2>&1 \
+  | grep -v -i "warp\|module"
+step "issue 13: the largest LJ fp32 system one GPU holds"
+python3 benchmarks/bench_dp.py --device cuda --largest --dtype float32 --json "$out/largest.json" \
+  2>&1 | grep -v -i "warp\|module"
 step "halo kernels: throughput"
 python3 benchmarks/bench_halo.py --mode kernels --device cuda --sizes 1e6 4e6 --repeats 5 2>&1 \
   | grep -v -i "module\|warp " | tail -25

@@ -24,7 +24,14 @@ from models_testutils import jittered_lattice
 
 from nvdd.core import Batch, ValidationError
 from nvdd.halo import HaloPlan, ParticleHaloConfig, build_halo_plan
-from nvdd.models import ForceMode, LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+from nvdd.models import (
+    ForceMode,
+    LennardJones,
+    LJBackend,
+    LJConfig,
+    MPNNConfig,
+    ReferenceMPNN,
+)
 from nvdd.shardtensor import DDContext, dd_scope
 
 INF = math.inf
@@ -99,9 +106,19 @@ CASES: dict[str, tuple[int, tuple[System, ...]]] = {
 
 
 def make_model(
-    kind: str, layers: int = 2, skin: float = 0.0, mode: str = "direct", dtype: Any = None
+    kind: str,
+    layers: int = 2,
+    skin: float = 0.0,
+    mode: str = "direct",
+    dtype: Any = None,
+    backend: str = "auto",
+    half_list: bool = True,
 ) -> LennardJones | ReferenceMPNN:
-    """The models under test (identical on every rank and in the oracle)."""
+    """The models under test (identical on every rank and in the oracle).
+
+    ``backend`` and ``half_list`` choose the LJ implementation (the oracle of
+    the tests uses the torch reference, the ranks the default Warp path).
+    """
     if kind == "lj":
         return LennardJones(
             LJConfig(
@@ -110,6 +127,8 @@ def make_model(
                 pairs=LJ_PAIRS,
                 force_mode=ForceMode(mode),
                 skin=skin,
+                backend=LJBackend(backend),
+                half_list=half_list,
             )
         )
     config = MPNNConfig(
@@ -240,11 +259,17 @@ def build_plan(case: str, kind: str, batch: Batch, owned: torch.Tensor) -> HaloP
 
 
 def dd_forward(
-    model: Any, padded: Batch, plan: HaloPlan, version: int, autograd: bool
+    model: Any,
+    padded: Batch,
+    plan: HaloPlan,
+    version: int,
+    autograd: bool,
+    ghost_forces: bool = True,
 ) -> dict[str, torch.Tensor]:
     """**Collective**: one model forward inside the DD context, consolidated like the runtime.
 
-    Returns the folded forces of the owned rows, the raw per-rank energy
+    ``ghost_forces=False`` (LJ): the model returns complete owned rows and the
+    fold is skipped. Returns the folded forces of the owned rows, the raw per-rank energy
     (``energy_rank``), the energy / virial / stress summed over ranks where the
     spec declares them partial, and the owned rows' atom energies.
     """
@@ -252,11 +277,13 @@ def dd_forward(
     ctx = DDContext(
         layout=plan, positions=leaf, n_systems=padded.n_systems, topology_version=version
     )
+    kwargs = {} if ghost_forces else {"ghost_forces": False}
     with dd_scope(ctx):
-        out = model(padded.replace(positions=leaf))
+        out = model(padded.replace(positions=leaf), **kwargs)
     n = plan.n_owned
     f = out["forces"].detach()
     assert f.shape == padded.positions.shape
+    owned_forces = f[:n] + plan.reverse(f[n:]) if ghost_forces else f[:n]
     spec = model.distribution_spec()
     totals = {}
     for key in ("energy", "virial", "stress"):
@@ -266,7 +293,7 @@ def dd_forward(
         totals[key] = value
     return {
         "ids": padded.atom_ids[:n],
-        "forces": f[:n] + plan.reverse(f[n:]),
+        "forces": owned_forces,
         "energy_rank": out["energy"].detach().clone(),
         "atom_energies": out["atom_energies"].detach()[:n],
         **totals,
@@ -281,8 +308,14 @@ def run_steps(
     skin: float = 0.0,
     mode: str = "direct",
     dtype: torch.dtype = torch.float64,
+    lj_backend: str = "auto",
+    half_list: bool = True,
+    ghost_forces: bool = True,
 ) -> list[dict[str, Any]]:
     """Rank function: run the model over ``schedule`` = ``(rebuild_plan, shift)`` steps.
+
+    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``);
+    ``ghost_forces=False`` skips the fold (see :func:`dd_forward`).
 
     Ownership is fixed at step 0; a step with ``rebuild_plan`` builds a new halo
     plan (and bumps ``topology_version``), the others reuse the last plan with
@@ -290,7 +323,7 @@ def run_steps(
     between Verlet rebuilds.
     """
     rank = dist.get_rank()
-    model = make_model(kind, layers, skin, mode, dtype)
+    model = make_model(kind, layers, skin, mode, dtype, lj_backend, half_list)
     owned = owned_rows(global_batch(case, kind, dtype=dtype), boxes_of(case), rank)
     plan: HaloPlan | None = None
     version = -1
@@ -301,11 +334,19 @@ def run_steps(
             plan = build_plan(case, kind, batch, owned)
             version += 1
         padded = padded_batch(batch, owned, plan)
-        res = dd_forward(model, padded, plan, version, autograd=kind == "mpnn")
-        res["n_builds"] = model.neighbors.n_builds
+        res = dd_forward(model, padded, plan, version, kind == "mpnn", ghost_forces)
+        res["n_builds"] = neighbor_builds(model)
         res["n_ghost"] = plan.n_ghost
         results.append(res)
     return results
+
+
+def neighbor_builds(model: LennardJones | ReferenceMPNN) -> int:
+    """Builds of the model's neighbour list (the one its backend uses)."""
+    builds = model.neighbors.n_builds
+    if isinstance(model, LennardJones):
+        builds += model.device_neighbors.n_builds
+    return builds
 
 
 def _model_and_rows(kind: str, case: str) -> tuple[LennardJones | ReferenceMPNN, HaloPlan, Batch]:

@@ -10,10 +10,12 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from nvdd.core import Batch
 from nvdd.models import EdgeList
@@ -257,3 +259,114 @@ def fold(values: torch.Tensor, source: torch.Tensor, n_atoms: int) -> torch.Tens
     """Sum per-row values into their source atoms (the reverse halo exchange)."""
     out = torch.zeros((n_atoms, *values.shape[1:]), dtype=values.dtype)
     return out.index_add(0, source, values.detach().cpu())
+
+
+# ------------------------------------------------------------ host syncs
+#: Tensor methods and functions that copy device data to the host (on a GPU they
+#: wait for the device): reading values, converting to Python or NumPy, data-
+#: dependent shapes (nonzero, boolean masks, unique), whole-tensor comparisons.
+_SYNC_FUNCS = {
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.__array__,
+    torch.Tensor.__repr__,
+    torch.Tensor.__format__,
+    torch.Tensor.nonzero,
+    torch.nonzero,
+    torch.Tensor.unique,
+    torch.unique,
+    torch.Tensor.masked_select,
+    torch.masked_select,
+    torch.Tensor.equal,
+    torch.equal,
+    torch.Tensor.any,
+    torch.Tensor.all,
+}
+
+
+class HostSyncCounter(TorchFunctionMode):
+    """Counts torch calls that would synchronise a GPU with the host.
+
+    Inside ``with HostSyncCounter() as counter:`` every listed call (see
+    ``_SYNC_FUNCS``), every boolean-mask index, every ``.to(...)`` /
+    ``.copy_`` to the CPU from another device, and every call of
+    ``torch.cuda.synchronize`` / ``Event.synchronize`` / ``Stream.synchronize``
+    is recorded in ``counter.calls`` (names, in order). ``any()`` / ``all()``
+    count because their only use on the host path is ``bool(...)``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self._patched: list[tuple[object, str, object]] = []
+
+    def __enter__(self) -> HostSyncCounter:
+        for owner, name in (
+            (torch.cuda, "synchronize"),
+            (torch.cuda.Event, "synchronize"),
+            (torch.cuda.Stream, "synchronize"),
+        ):
+            original = getattr(owner, name)
+            self._patched.append((owner, name, original))
+            setattr(
+                owner, name, self._counting(f"{getattr(owner, '__name__', owner)}.{name}", original)
+            )
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for owner, name, original in self._patched:
+            setattr(owner, name, original)
+        self._patched.clear()
+
+    def _counting(self, label: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(label)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", repr(func))
+        if func in _SYNC_FUNCS:
+            self.calls.append(name)
+        elif func is torch.Tensor.__getitem__ or func is torch.Tensor.__setitem__:
+            index = args[1] if len(args) > 1 else None
+            parts = index if isinstance(index, tuple) else (index,)
+            if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+                self.calls.append(f"{name}[bool mask]")
+        elif (func is torch.Tensor.to or func is torch.Tensor.copy_) and _moves_to_host(
+            func, args, kwargs
+        ):
+            self.calls.append(f"{name}(cpu)")
+        return func(*args, **kwargs)
+
+
+def _moves_to_host(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a ``.to`` / ``.copy_`` call copies a tensor to the host: ``.to`` with a
+    CPU target (counted on CPU too: in device code it is a device-to-host copy),
+    or a blocking ``copy_`` from another device into a CPU tensor."""
+    if func is torch.Tensor.copy_:
+        dst, src = args[0], args[1]
+        non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        return (
+            dst.device.type == "cpu"
+            and src.device.type != "cpu"
+            and not (non_blocking and dst.is_pinned())
+        )
+    targets = [*args[1:], kwargs.get("device")]
+    return any(
+        (isinstance(t, str) and t.startswith("cpu"))
+        or (isinstance(t, torch.device) and t.type == "cpu")
+        for t in targets
+    )

@@ -234,6 +234,9 @@ def test_model_inputs_are_checked_against_the_layout() -> None:
 
 # ------------------------------------------------------- gloo: N ranks vs 1
 def _oracle(kind: str, case: str, shift: float = 0.0, **kw: Any) -> dict[str, torch.Tensor]:
+    """The single-process model (LJ: the torch reference whatever the ranks use)."""
+    if kind == "lj":
+        kw["backend"] = "torch"
     batch = global_batch(case, kind, shift)
     out = dict(make_model(kind, **kw)(batch))
     out["ids"] = batch.atom_ids
@@ -252,20 +255,37 @@ def _compare(got: list[dict[str, Any]], ref: dict[str, torch.Tensor], atol: floa
             torch.testing.assert_close(g[key], ref[key], rtol=0, atol=atol, msg=key)
 
 
+# (case, force mode, LJ implementation of the ranks); the oracle is the torch reference
 LJ_CASES = [
-    ("periodic-2", "direct"),
-    ("triclinic-3", "direct"),
-    ("mixed-open-cuts-3", "direct"),
-    ("two-systems-2", "direct"),
-    ("mixed-periodic-cut-2", "autograd"),
-    ("empty-rank-3", "direct"),
+    ("periodic-2", "direct", "warp-half"),
+    ("triclinic-3", "direct", "warp-half"),
+    ("mixed-open-cuts-3", "direct", "warp-half"),
+    ("two-systems-2", "direct", "warp-half"),
+    ("mixed-periodic-cut-2", "autograd", "torch"),
+    ("empty-rank-3", "direct", "warp-half"),
+    ("triclinic-3", "direct", "warp-full"),
+    ("two-systems-2", "direct", "torch"),
+    ("mixed-open-cuts-3", "direct", "warp-half-nofold"),
+    ("periodic-2", "direct", "torch-nofold"),
 ]
+_LJ_IMPLEMENTATIONS: dict[str, dict[str, Any]] = {
+    "warp-half": {"lj_backend": "warp", "half_list": True},
+    "warp-full": {"lj_backend": "warp", "half_list": False},
+    "torch": {"lj_backend": "torch"},
+    # complete owned rows (ghost_forces=False), no fold
+    "warp-half-nofold": {"lj_backend": "warp", "ghost_forces": False},
+    "torch-nofold": {"lj_backend": "torch", "ghost_forces": False},
+}
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize(("case", "mode"), LJ_CASES, ids=[f"{c}-{m}" for c, m in LJ_CASES])
-def test_lj_ranks_equal_the_single_process_model_by_id(case: str, mode: str) -> None:
-    got = [r[0] for r in run_ranks(run_steps, CASES[case][0], "lj", case, mode=mode, timeout_s=120)]
+@pytest.mark.parametrize(
+    ("case", "mode", "impl"), LJ_CASES, ids=[f"{c}-{m}-{i}" for c, m, i in LJ_CASES]
+)
+def test_lj_ranks_equal_the_single_process_model_by_id(case: str, mode: str, impl: str) -> None:
+    kw = _LJ_IMPLEMENTATIONS[impl]
+    world = CASES[case][0]
+    got = [r[0] for r in run_ranks(run_steps, world, "lj", case, mode=mode, timeout_s=120, **kw)]
     _compare(got, _oracle("lj", case, mode=mode))
     # Scope.LOCAL: each rank returns its partial energy; the partials add up.
     partials = torch.stack([g["energy_rank"] for g in got])
@@ -298,12 +318,14 @@ def test_mpnn_ranks_equal_the_single_process_model_by_id(case: str, layers: int)
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+@pytest.mark.parametrize("kind", ["lj", "lj-torch", "mpnn"])
 def test_verlet_cache_follows_the_halo_topology(kind: str) -> None:
     """Reused plan and small moves: the list is reused; a new plan: the list is rebuilt."""
     schedule = ((True, 0.0), (False, 0.01), (False, 0.02), (True, 0.02), (False, 0.03))
     case = "triclinic-3"
-    results = run_ranks(run_steps, 3, kind, case, schedule, skin=0.25, timeout_s=120)
+    kw: dict[str, Any] = {"lj_backend": "torch"} if kind == "lj-torch" else {}
+    kind = kind.removesuffix("-torch")
+    results = run_ranks(run_steps, 3, kind, case, schedule, skin=0.25, timeout_s=120, **kw)
     for step, (_, shift) in enumerate(schedule):
         _compare([r[step] for r in results], _oracle(kind, case, shift, skin=0.25))
     for per_rank in results:

@@ -18,7 +18,7 @@ from models_testutils import (
 )
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
-from nvdd.models import ForceMode, LennardJones, LJConfig, MixingRule
+from nvdd.models import ForceMode, LennardJones, LJBackend, LJConfig, MixingRule
 from nvdd.testing import assert_close_by_id, run_ranks
 
 MODES = [ForceMode.DIRECT, ForceMode.AUTOGRAD]
@@ -38,7 +38,12 @@ def _params(za: int, zb: int) -> tuple[float, float]:
 
 
 def _model(
-    mode: ForceMode, cutoff: float = 2.5, shift: bool = True, skin: float = 0.0
+    mode: ForceMode,
+    cutoff: float = 2.5,
+    shift: bool = True,
+    skin: float = 0.0,
+    backend: str = "auto",
+    half_list: bool = True,
 ) -> LennardJones:
     return LennardJones(
         LJConfig(
@@ -48,6 +53,8 @@ def _model(
             shift_energy=shift,
             force_mode=mode,
             skin=skin,
+            backend=LJBackend(backend),
+            half_list=half_list,
         )
     )
 
@@ -236,9 +243,11 @@ def test_float32_agrees_with_float64() -> None:
     torch.testing.assert_close(out32["forces"].double(), out64["forces"], rtol=0, atol=1e-5 * scale)
 
 
-def test_verlet_skin_in_the_model_is_exact() -> None:
+@pytest.mark.parametrize("backend", ["torch", "warp"])
+def test_verlet_skin_in_the_model_is_exact(backend: str) -> None:
     b = _geometry_batch("mixed_pbc", seed=6)
-    cached, plain = _model(ForceMode.DIRECT, skin=0.4), _model(ForceMode.DIRECT)
+    cached = _model(ForceMode.DIRECT, skin=0.4, backend=backend)
+    plain = _model(ForceMode.DIRECT, backend=backend)
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
         b = b.replace(
@@ -247,7 +256,10 @@ def test_verlet_skin_in_the_model_is_exact() -> None:
         )
         a, c = cached(b), plain(b)
         torch.testing.assert_close(a["forces"], c["forces"], rtol=1e-13, atol=1e-13)
-    assert cached.neighbors.n_builds == 1 and plain.neighbors.n_builds == 3
+    lists = (cached.neighbors, plain.neighbors)
+    if backend == "warp":
+        lists = (cached.device_neighbors, plain.device_neighbors)  # type: ignore[assignment]
+    assert [n.n_builds for n in lists] == [1, 3]
 
 
 # ------------------------------------------------------------ DD seams (b), (c)

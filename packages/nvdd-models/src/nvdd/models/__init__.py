@@ -3,7 +3,9 @@
 - :class:`NeighborList` / :class:`VerletList`: full COO edge lists with integer
   image shifts (periodic, open and mixed boundaries, several systems per batch),
   searched by vesin; the Verlet list keeps a skin and rebuilds only when needed.
-- :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces.
+- :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces;
+  :class:`LJBackend` picks Warp kernels over a device neighbour list (no host
+  synchronisation in a step that rebuilds nothing) or the torch reference.
 - :class:`ReferenceMPNN`: a small deterministic message-passing network.
 
 Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
@@ -14,7 +16,7 @@ Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
 
 from nvdd.models.__about__ import __version__
 from nvdd.models._lj import LennardJones
-from nvdd.models._lj_config import ForceMode, LJConfig, MixingRule
+from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig, MixingRule
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
 from nvdd.models._verlet import VerletList
@@ -22,6 +24,7 @@ from nvdd.models._verlet import VerletList
 __all__ = [
     "EdgeList",
     "ForceMode",
+    "LJBackend",
     "LJConfig",
     "LennardJones",
     "MPNNConfig",

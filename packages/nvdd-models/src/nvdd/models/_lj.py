@@ -11,25 +11,37 @@ also when the edge list keeps only owned receivers (domain-decomposition seam
 onto BOTH its receiver and its sender. On a full list each pair appears twice
 and the halves add up to the usual pair force.
 
+Two implementations give the same numbers (``LJConfig.backend``): the torch
+reference (a vectorised pair loop over the vesin Verlet list, any device,
+tensor subclasses) and the Warp path (``_lj_fast``: the package's own LJ
+kernel over a device neighbour list, CPU and CUDA, no host synchronisation
+in a step that rebuilds nothing), the default wherever it applies.
 nvalchemi-toolkit-ops ships a Warp LJ kernel, but it does not fit: one
 epsilon/sigma for all pairs (no per-species tables), no energy shift, a
 full-list mode that updates only the receiver (wrong once ghost receivers are
-dropped), and a CSR kernel that reads one cell for the whole batch. The pair
-loop here is plain torch over edges (vectorised), on any device.
+dropped), and a CSR kernel that reads one cell for the whole batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from nvdd.core import Batch, ModelOutputs
-from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
-from nvdd.models._lj_config import ForceMode, LJConfig
+from nvdd.models._cell_kernels import MAX_SYSTEMS
+from nvdd.models._checks import fail
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, prepare_rows
+from nvdd.models._device_neighbors import DeviceVerletList
+from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig
+from nvdd.models._lj_fast import WarpLJ, virial_by_system
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._reduce import system_energy, system_outer_sum
+from nvdd.models._species import check_species
 from nvdd.models._stress import stress_from_virial
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import Scope
+from nvdd.shardtensor import Scope, current_dd_context
 from nvdd.spec import SPEC_LJ_HALO
 
 __all__ = ["LennardJones"]
@@ -52,8 +64,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     Attributes
     ----------
     neighbors:
-        The model's :class:`VerletList` (cutoff ``config.cutoff``, skin
+        The torch backend's :class:`VerletList` (cutoff ``config.cutoff``, skin
         ``config.skin``).
+    device_neighbors:
+        The Warp backend's device neighbour list (same cutoff and skin).
 
     Notes
     -----
@@ -89,7 +103,38 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             shift = torch.zeros_like(eps)
         self.register_buffer("shift_table", shift)
         self.neighbors = VerletList(config.cutoff, config.skin)
+        self._warp = WarpLJ(config.cutoff, config.skin, half=config.half_list)
         self._dd_gate = InputGate()
+
+    @property
+    def device_neighbors(self) -> DeviceVerletList:
+        """The Warp backend's neighbour list."""
+        return self._warp.neighbors
+
+    def reset_neighbors(self) -> None:
+        """Forget both neighbour lists: the next call searches afresh.
+
+        Rows that change without a new DD ``topology_version`` (a runtime that
+        migrates atoms and reuses the version) must call this; a new version,
+        a new layout object or a new number of rows is detected on its own.
+        """
+        self.neighbors.reset()
+        self._warp.reset()
+
+    def distributed_setup(self, ctx: object) -> None:
+        """Forget cached neighbours and checks when a distributed scope opens."""
+        super().distributed_setup(ctx)
+        self._warp.reset()
+
+    def distributed_teardown(self) -> None:
+        """Forget cached neighbours and checks when the distributed scope closes."""
+        super().distributed_teardown()
+        self._warp.reset()
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> LennardJones:
+        # .to() / .double() / .cuda(): the Warp tables are recomputed from the buffers.
+        self._warp.forget_tables()
+        return super()._apply(fn, recurse)  # type: ignore[no-untyped-call,no-any-return]
 
     @property
     def config(self) -> LJConfig:
@@ -106,7 +151,8 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         return (
             f"cutoff={c.cutoff}, species={dict(c.species)}, default="
             f"{(c.epsilon, c.sigma)}, mixing={c.mixing.value}, shift_energy={c.shift_energy}, "
-            f"force_mode={c.force_mode.value}, skin={c.skin}"
+            f"force_mode={c.force_mode.value}, skin={c.skin}, backend={c.backend.value}, "
+            f"half_list={c.half_list}"
         )
 
     # ----------------------------------------------------------------- physics
@@ -162,7 +208,12 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
 
     # ----------------------------------------------------------------- forward
     def forward(
-        self, batch: Batch, *, n_receivers: int | None = None, compute_stress: bool = True
+        self,
+        batch: Batch,
+        *,
+        n_receivers: int | None = None,
+        compute_stress: bool = True,
+        ghost_forces: bool = True,
     ) -> ModelOutputs:
         """Energy, forces, atom energies, virial and stress of every system.
 
@@ -177,6 +228,13 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             live DD context it defaults to the layout's ``n_owned``.
         compute_stress:
             Also return ``virial`` and ``stress`` (shape ``(n_systems, 3, 3)``).
+        ghost_forces:
+            Direct forces only. True (the spec's contract): ``forces`` are
+            ``-dE_local/dx`` on every row, to be folded into owners. False: the
+            complete force on every counted (owned) row and zero on the others,
+            so a runtime may skip the fold: each rank evaluates its owned-ghost
+            pairs anyway, so this costs no extra pair terms (the rank owning the
+            other end computes that end's force).
 
         Returns
         -------
@@ -198,7 +256,18 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             on the first call with a new halo topology the check is shared by
             every rank of the context's group (**Collective**: one all-reduce of
             a flag), so all ranks raise together; no collective otherwise.
+            Warp backend: also on an error flag of the device neighbour search
+            (NaN positions, a singular cell): outputs are NaN from the call that
+            met it; single process, the error is raised at the end of that call
+            (CPU) or at the next call (CUDA); under DD it is raised on every rank
+            together at the next new topology.
         """
+        if not ghost_forces and self._config.force_mode is not ForceMode.DIRECT:
+            fail(
+                "ghost_forces=False needs force_mode=ForceMode.DIRECT (autograd gives -dE_local/dx)"
+            )
+        if self._warp_applies(batch):
+            return self._forward_warp(batch, n_receivers, compute_stress, ghost_forces)
         n_receivers, rows, edges = self._edges(batch, n_receivers, lambda: None)
         if self._config.force_mode is ForceMode.AUTOGRAD:
             return self._outputs_by_autograd(
@@ -210,7 +279,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
                 energy_scope=_ENERGY_SCOPE,
             )
         with torch.no_grad():
-            return self._direct(batch, rows, edges, n_receivers, compute_stress)
+            return self._direct(batch, rows, edges, n_receivers, compute_stress, ghost_forces)
 
     def _direct(
         self,
@@ -219,6 +288,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         edges: EdgeList,
         n_counted: int | None,
         compute_stress: bool,
+        ghost_forces: bool = True,
     ) -> ModelOutputs:
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
         r_vec = edges.vectors(pos, cell, si)
@@ -226,7 +296,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         phi, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
         atom_energies = torch.zeros_like(pos[:, 0]).index_add(0, i, 0.5 * phi)
         half = (0.5 * g).unsqueeze(1) * r_vec  # -d(phi/2)/dx_j; the receiver gets minus it
-        forces = torch.zeros_like(pos).index_add(0, j, half).index_add(0, i, -half)
+        if ghost_forces:
+            forces = torch.zeros_like(pos).index_add(0, j, half).index_add(0, i, -half)
+        else:  # every edge into a kept (owned) receiver: the whole pair force on it
+            forces = torch.zeros_like(pos).index_add(0, i, -2.0 * half)
         out: ModelOutputs = {
             "energy": system_energy(atom_energies, si, batch.n_systems, n_counted, _ENERGY_SCOPE),
             "forces": forces,
@@ -237,4 +310,74 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             virial = system_outer_sum(half, r_vec, si.index_select(0, i), batch.n_systems)
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, cell)
+        return out
+
+    # ------------------------------------------------------------ Warp path
+    def _warp_applies(self, batch: Batch) -> bool:
+        """Whether this call takes the Warp path (a ValidationError for an explicit
+        ``LJBackend.WARP`` that does not apply)."""
+        backend = self._config.backend
+        if backend is LJBackend.TORCH or self._config.force_mode is not ForceMode.DIRECT:
+            return False
+        pos = batch.positions
+        problem = None
+        if type(pos) is not torch.Tensor:
+            problem = f"positions are a {type(pos).__name__}, not a plain tensor"
+        elif pos.dtype not in (torch.float32, torch.float64):
+            problem = f"positions are {pos.dtype}, not float32 or float64"
+        elif pos.device.type not in ("cpu", "cuda"):
+            problem = f"positions are on {pos.device}, not CPU or CUDA"
+        elif batch.n_systems >= MAX_SYSTEMS:
+            problem = f"{batch.n_systems} systems, more than {MAX_SYSTEMS - 1}"
+        if problem is not None and backend is LJBackend.WARP:
+            fail(f"LennardJones backend='warp' does not apply: {problem} (use backend='auto')")
+        return problem is None
+
+    def _forward_warp(
+        self, batch: Batch, n_receivers: int | None, compute_stress: bool, ghost_forces: bool
+    ) -> ModelOutputs:
+        warp, neighbors = self._warp, self._warp.neighbors
+        distributed = current_dd_context().layout is not None
+        neighbors.defer_errors = distributed
+
+        def data_check() -> str | None:
+            # a deferred neighbour error (under DD) is shared here, at a new topology
+            pending, neighbors.pending_error = neighbors.pending_error, None
+            if pending is not None:
+                return pending
+            if warp.knows(batch.atomic_numbers):
+                return None
+            return check_species(self.species_rows, batch.atomic_numbers)
+
+        n_receivers, topology = prepare_rows(
+            self._dd_gate, batch, n_receivers, lambda: None, data_check
+        )
+        types = warp.species_rows(self.species_rows, batch.atomic_numbers)
+        pos = batch.positions.detach()
+        matrix = neighbors(
+            pos,
+            batch.cell,
+            batch.pbc,
+            batch.system_index,
+            n_receivers=n_receivers,
+            topology=topology,
+        )
+        tables = warp.tables(
+            self.epsilon_table, self.sigma_table, self.shift_table, pos.dtype, pos.device
+        )
+        n_types = int(self.epsilon_table.shape[0])
+        forces, atom_energies, rows = warp(
+            pos, batch.cell, batch.system_index, types, n_types, tables, matrix,
+            compute_virial=compute_stress, ghost_forces=ghost_forces,
+        )  # fmt: skip
+        si, n_sys = batch.system_index, batch.n_systems
+        out: ModelOutputs = {
+            "energy": system_energy(atom_energies, si, n_sys, n_receivers, _ENERGY_SCOPE),
+            "forces": forces,
+            "atom_energies": atom_energies,
+        }
+        if rows is not None:
+            virial = virial_by_system(rows, si, n_sys)
+            out["virial"] = virial
+            out["stress"] = stress_from_virial(virial, batch.cell.detach())
         return out

@@ -14,7 +14,7 @@ import torch
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._species import MAX_Z, species_table
 
-__all__ = ["ForceMode", "LJConfig", "MixingRule"]
+__all__ = ["ForceMode", "LJBackend", "LJConfig", "MixingRule"]
 
 
 class ForceMode(enum.Enum):
@@ -24,6 +24,18 @@ class ForceMode(enum.Enum):
     DIRECT = "direct"
     #: ``-dE/dx`` (and ``dE/d strain``) by autograd through the energy.
     AUTOGRAD = "autograd"
+
+
+class LJBackend(enum.Enum):
+    """Which implementation evaluates a Lennard-Jones model with direct forces."""
+
+    #: Warp whenever it is exact for the inputs (direct forces, plain float32 /
+    #: float64 tensors on CPU or CUDA, fewer than 4096 systems), torch otherwise.
+    AUTO = "auto"
+    #: The Warp kernels over the device neighbour list (an error when not applicable).
+    WARP = "warp"
+    #: The torch reference over the vesin Verlet list (any device, tensor subclasses).
+    TORCH = "torch"
 
 
 class MixingRule(enum.Enum):
@@ -69,6 +81,15 @@ class LJConfig:
         Direct pair forces or autograd; both give the same numbers.
     skin:
         Verlet skin of the model's neighbour cache (0: search on every move).
+    backend:
+        :class:`LJBackend`: Warp kernels (``AUTO`` picks them when they apply)
+        or the torch reference. Both give the same numbers (float64 to
+        rounding); Warp keeps its neighbour list on the device and does not
+        synchronise with the host in a step that rebuilds nothing.
+    half_list:
+        Warp backend: store each pair once (forces on the second atom by
+        atomics) or twice (each row gathers its own; no atomics, twice the
+        pair terms). Same results; which is faster depends on the GPU.
     """
 
     cutoff: float
@@ -80,6 +101,8 @@ class LJConfig:
     shift_energy: bool = True
     force_mode: ForceMode = ForceMode.DIRECT
     skin: float = 0.0
+    backend: LJBackend = LJBackend.AUTO
+    half_list: bool = True
 
     def __post_init__(self) -> None:
         check_positive("cutoff", self.cutoff)
@@ -108,6 +131,15 @@ class LJConfig:
             object.__setattr__(self, "mixing", MixingRule(self.mixing))
         if not isinstance(self.force_mode, ForceMode):
             object.__setattr__(self, "force_mode", ForceMode(self.force_mode))
+        if not isinstance(self.backend, LJBackend):
+            object.__setattr__(self, "backend", LJBackend(self.backend))
+        if self.backend is LJBackend.WARP and self.force_mode is not ForceMode.DIRECT:
+            raise config_error(
+                f"backend={self.backend.value!r} computes direct forces; it cannot be combined "
+                f"with force_mode={self.force_mode.value!r} (use backend='auto' or 'torch')"
+            )
+        if not isinstance(self.half_list, bool):
+            raise config_error(f"half_list must be a bool, got {self.half_list!r}")
         object.__setattr__(self, "species", _frozen(self.species))
         object.__setattr__(self, "pairs", _frozen(self.pairs))
 
@@ -123,6 +155,8 @@ class LJConfig:
                 self.shift_energy,
                 self.force_mode,
                 self.skin,
+                self.backend,
+                self.half_list,
             )
         )
 
@@ -140,6 +174,8 @@ class LJConfig:
                 self.shift_energy,
                 self.force_mode,
                 self.skin,
+                self.backend,
+                self.half_list,
             ),
         )
 

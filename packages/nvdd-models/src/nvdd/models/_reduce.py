@@ -53,10 +53,18 @@ def system_energy(
     torch.Tensor
         Shape ``(n_systems,)``; differentiable in ``atom_energies``.
     """
-    if current_dd_context().layout is not None:
+    layout = current_dd_context().layout
+    if layout is not None:
+        if n_systems == 1 and scope is Scope.LOCAL and type(atom_energies) is torch.Tensor:
+            # system_sum's value for one system (this rank's owned rows, no
+            # collective) as a reduction: an index_add into a single value is
+            # one atomic add per row, serialised on a GPU
+            return atom_energies[: layout.n_owned].sum(0, keepdim=True)
         return system_sum(atom_energies, system_index, n_systems, scope=scope)
     if n_counted is not None:
         atom_energies, system_index = atom_energies[:n_counted], system_index[:n_counted]
+    if n_systems == 1:
+        return atom_energies.sum(0, keepdim=True)
     out = atom_energies.new_zeros(n_systems)
     return out.index_add(0, system_index, atom_energies)
 

@@ -37,6 +37,9 @@ class VerletList:
     - the caller's ``topology`` token changed (the models pass one that changes
       whenever a domain-decomposition halo plan is rebuilt).
 
+    A NaN or infinite position forces a rebuild, which raises
+    :class:`~nvdd.core.ValidationError` (a rebuild synchronises anyway).
+
     Every call then keeps the candidates with ``|r_ij| < cutoff`` at the current
     positions, so the result equals a fresh :class:`NeighborList` search at
     ``cutoff`` (as a set of ``(i, j, S)``). With ``skin == 0`` the list is rebuilt
@@ -126,6 +129,12 @@ class VerletList:
                 pos, cell, pbc, system_index, atom_ids, n_receivers
             )
             if self.rebuilt:
+                if pos.numel() and not bool(torch.isfinite(pos).all()):
+                    fail(
+                        f"positions hold NaN or infinite values (rows "
+                        f"{(~torch.isfinite(pos).all(dim=1)).nonzero().squeeze(1)[:8].tolist()}"
+                        f", shape {tuple(pos.shape)})"
+                    )
                 self._candidates = self._search(
                     pos, cell.detach(), pbc, system_index, n_receivers=n_receivers
                 )
@@ -184,4 +193,5 @@ class VerletList:
         if positions.shape[0] == 0:
             return False
         moved2 = ((positions - ref.positions) ** 2).sum(dim=1).max()
-        return bool(moved2 > (0.5 * self._skin) ** 2)
+        # not (d2 <= threshold): a NaN displacement rebuilds (and the build raises)
+        return not bool(moved2 <= (0.5 * self._skin) ** 2)
