@@ -154,6 +154,15 @@ class DistributedModel:
 
     # ---------------------------------------------------------------- scope
     @property
+    def sync_timings(self) -> bool:
+        """Whether phase timers synchronise CUDA first (exact shares, slower steps)."""
+        return self._timer.sync
+
+    @sync_timings.setter
+    def sync_timings(self, value: bool) -> None:
+        self._timer.sync = bool(value)
+
+    @property
     def ghost_width(self) -> float:
         """Halo width the partitioner must use: the config's (plus the spec's extra)
         plus the migration hysteresis (an owned atom may sit that far outside its
