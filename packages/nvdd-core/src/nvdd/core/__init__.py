@@ -29,6 +29,12 @@ from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
+from nvdd.core._strain import (
+    deformation_gradient,
+    effective_skin,
+    nonaffine_displacements,
+    skin_exceeded,
+)
 
 __all__ = [
     "ATOMIC_MASSES",
@@ -52,12 +58,16 @@ __all__ = [
     "check_cell",
     "comm_device",
     "default_backend",
+    "deformation_gradient",
+    "effective_skin",
     "get_rank",
     "get_world_size",
     "init_distributed",
     "make_mesh",
     "masses_for",
+    "nonaffine_displacements",
     "raise_if_any_rank",
     "shutdown_distributed",
+    "skin_exceeded",
     "spawn_ranks",
 ]

@@ -2,9 +2,10 @@
 
 Per call (the integrator's compute stage):
 
-1. one all-reduce of a flag: did any owned atom move more than ``skin / 2`` since
-   the last build? If so, migrate atoms that left their box and rebuild the halo
-   plan (Verlet-style reuse otherwise);
+1. one all-reduce of a flag: did any owned atom move (in the frame that follows
+   the cell) more than half the skin the cell's strain left since the last build
+   (:func:`nvdd.core.skin_exceeded`)? If so, migrate atoms that left their box
+   and rebuild the halo plan (Verlet-style reuse otherwise);
 2. one forward exchange: ghost positions (image shifts from the current cell);
 3. the model on the padded rows, open boundaries, inside the DD context;
 4. consolidation by the spec: forces folded (one reverse exchange), per-system
@@ -24,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, any_rank
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    ModelOutputs,
+    ValidationError,
+    any_rank,
+    skin_exceeded,
+)
 from nvdd.dynamics._collectives import count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
@@ -136,6 +144,7 @@ class DistributedModel:
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
+        self._ref_cell: torch.Tensor | None = None
         self._version = 0
         self.pending: PendingTotals | None = None
 
@@ -225,12 +234,24 @@ class DistributedModel:
         return local, outputs
 
     def _needs_rebuild(self, batch: Batch) -> bool:
-        ref = self._ref_positions
-        if ref is None or ref.shape != batch.positions.shape or self.config.skin == 0:
+        ref, ref_cell = self._ref_positions, self._ref_cell
+        skin = self.config.skin
+        if ref is None or ref_cell is None or ref.shape != batch.positions.shape or skin == 0:
             moved = True
-        else:
-            d2 = ((batch.positions.detach() - ref) ** 2).sum(dim=1)
-            moved = bool(d2.numel()) and bool(d2.max() > (0.5 * self.config.skin) ** 2)
+        else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
+            dom = self.sharded.partitioner.domain_cell
+            reach = self.ghost_width - self.config.hysteresis - skin
+            moved = bool(
+                skin_exceeded(
+                    batch.positions,
+                    ref,
+                    batch.system_index,
+                    dom(ref_cell),
+                    dom(batch.cell),
+                    cutoff=reach,
+                    skin=skin,
+                )
+            )
         return any_rank(moved, self.sharded.group)
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
@@ -276,6 +297,7 @@ class DistributedModel:
         )
         self._plan = plan
         self._ref_positions = local.positions.detach().clone()
+        self._ref_cell = local.cell.detach().clone()
         self._version += 1
         self.stats.rebuilds += 1
         self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
