@@ -59,7 +59,8 @@ def _cells(ref_cell: torch.Tensor, cell: torch.Tensor) -> tuple[torch.Tensor, to
 
 def _regular(c: torch.Tensor) -> torch.Tensor:
     scale = torch.linalg.vector_norm(c, dim=-1).prod(dim=-1)
-    return torch.linalg.det(c).abs() > _SINGULAR_REL * scale
+    regular: torch.Tensor = torch.linalg.det(c).abs() > _SINGULAR_REL * scale
+    return regular
 
 
 def deformation_gradient(

@@ -166,7 +166,7 @@ class DomainParallel:
         dyn = self.dynamics
         dyn.batch = sharded.local_batch
         dyn.force_provider = self.model
-        dyn.reducer = MeshReducer(self.group)
+        dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
         dyn.hook_runner = self._run_hooks
         dyn._forces_ready = False
         return sharded
