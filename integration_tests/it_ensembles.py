@@ -53,20 +53,21 @@ def liquid(seed: int = 0, cells: int = 3, a: float = 5.75) -> Batch:
     return b.replace(velocities=v - v.mean(dim=0))
 
 
-def system(name: str) -> Batch:
-    """``liquid`` (108 atoms, cubic), ``liquid-eq`` (the same near its equilibrium
-    density at T_K and P_BAR) or ``triclinic`` (125 atoms, FCC primitive cell)."""
+def system(name: str, cells: int = 3) -> Batch:
+    """``liquid`` (``4 cells**3`` atoms, cubic), ``liquid-eq`` (the same near its
+    equilibrium density at T_K and P_BAR) or ``triclinic`` (125 atoms, FCC
+    primitive cell)."""
     if name == "liquid":
-        return liquid()
+        return liquid(cells=cells)
     if name == "liquid-eq":
-        return liquid(a=5.95)
+        return liquid(cells=cells, a=5.95)
     return crystal("triclinic", temperature_k=T_K)
 
 
 def integrator(kind: str, batch: Batch, dt: float = 4.0, **kw: Any) -> Any:
-    """``nvt-nh``, ``npt-iso`` or ``npt-full`` on LJ (cutoff 6 A), tau_t 100 fs,
-    tau_p 400 fs unless given."""
-    model = lj_model()
+    """``nvt-nh``, ``npt-iso`` or ``npt-full`` on LJ (cutoff 6 A, or ``model``),
+    tau_t 100 fs, tau_p 400 fs unless given."""
+    model = kw.get("model") or lj_model()
     if kind == "nvt-nh":
         return NoseHooverNVT(model, batch, dt_fs=dt, temperature_K=T_K, tau_fs=100.0)
     return MTKNPT(
@@ -89,11 +90,16 @@ def _observe(dyn: Any, out: dict[str, list[float]]) -> None:
 
 
 def run_dd(
-    name: str, kind: str, steps: int, grid: tuple[int, int, int] | None, **kw: Any
+    name: str,
+    kind: str,
+    steps: int,
+    grid: tuple[int, int, int] | None,
+    cells: int = 3,
+    **kw: Any,
 ) -> dict[str, Any]:
     """The decomposed run; rank 0 returns the gathered final state and the series
     of the conserved energy (and volume, pressure under NPT) at every step."""
-    dyn = integrator(kind, system(name), **kw)
+    dyn = integrator(kind, system(name, cells), **kw)
     series: dict[str, list[float]] = {"conserved": [], "volume": [], "pressure": []}
     config = DomainConfig(cutoff=LJ_CUTOFF, skin=0.5, grid_dims=grid)
     with warnings.catch_warnings():
@@ -122,9 +128,9 @@ def run_dd(
     }
 
 
-def single(name: str, kind: str, steps: int, **kw: Any) -> dict[str, Any]:
+def single(name: str, kind: str, steps: int, cells: int = 3, **kw: Any) -> dict[str, Any]:
     """The single-process reference."""
-    dyn = integrator(kind, system(name), **kw)
+    dyn = integrator(kind, system(name, cells), **kw)
     series: dict[str, list[float]] = {"conserved": [], "volume": [], "pressure": []}
     dyn.register_hook(HookStage.AFTER_STEP, lambda ctx: _observe(ctx.dynamics, series))
     dyn.run(steps)
@@ -158,9 +164,11 @@ def block_mean(series: list[float], n_blocks: int = 8) -> tuple[float, float]:
     return float(blocks.mean()), float(blocks.std() / math.sqrt(n_blocks))
 
 
-def argon_npt(steps: int, equilibrate: int, world_grid: tuple[int, int, int] | None) -> dict:
-    """NPT argon liquid (108 atoms); rank 0 returns the production series."""
-    out = run_dd("liquid-eq", "npt-iso", steps, world_grid, tau_p_fs=500.0)
+def argon_npt(
+    steps: int, equilibrate: int, grid: tuple[int, int, int] | None, cells: int = 3
+) -> dict[str, Any]:
+    """NPT argon liquid (``4 cells**3`` atoms); rank 0 returns the production series."""
+    out = run_dd("liquid-eq", "npt-iso", steps, grid, cells, tau_p_fs=500.0)
     if not out:
         return {}
     return {

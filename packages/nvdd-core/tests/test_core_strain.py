@@ -154,6 +154,16 @@ def test_several_systems_use_their_own_cell() -> None:
 def test_mismatched_shapes_raise() -> None:
     with pytest.raises(ValidationError, match="ref_cell has shape"):
         effective_skin(torch.eye(3), torch.eye(3).expand(2, 3, 3), cutoff=1.0, skin=0.1)
+    with pytest.raises(ValidationError, match="ref_positions"):  # the fixed-cell path too
+        skin_exceeded(
+            torch.zeros(3, 3),
+            torch.zeros(1, 3),
+            torch.zeros(3, dtype=torch.int64),
+            torch.eye(3),
+            torch.eye(3),
+            cutoff=1.0,
+            skin=0.1,
+        )
     with pytest.raises(ValidationError, match="ref_positions"):
         nonaffine_displacements(
             torch.zeros(3, 3),

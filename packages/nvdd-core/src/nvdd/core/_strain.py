@@ -107,11 +107,15 @@ def effective_skin(
         float64, shape ``(n_systems,)``; ``skin`` exactly where the cells are
         equal, larger under expansion, ``-inf`` where a singular cell changed.
     """
-    grad, defined = deformation_gradient(ref_cell, cell)
+    return _effective(*deformation_gradient(ref_cell, cell), cutoff, skin)
+
+
+def _effective(
+    grad: torch.Tensor, defined: torch.Tensor, cutoff: float, skin: float
+) -> torch.Tensor:
     inv_norm = 1.0 / torch.linalg.svdvals(grad)[..., -1]
     out = skin - cutoff * (inv_norm - 1.0)
-    out = torch.where(defined, out, torch.full_like(out, float("-inf")))
-    return out
+    return torch.where(defined, out, torch.full_like(out, float("-inf")))
 
 
 def nonaffine_displacements(
@@ -139,6 +143,15 @@ def nonaffine_displacements(
         systems whose cell did not change.
     """
     grad, _ = deformation_gradient(ref_cell, cell)
+    return _nonaffine(positions, ref_positions, system_index, grad)
+
+
+def _nonaffine(
+    positions: torch.Tensor,
+    ref_positions: torch.Tensor,
+    system_index: torch.Tensor,
+    grad: torch.Tensor,
+) -> torch.Tensor:
     x = positions.detach().to(torch.float64)
     x0 = ref_positions.detach().to(device=x.device, dtype=torch.float64)
     if x.shape != x0.shape:
@@ -194,11 +207,26 @@ def skin_exceeded(
     Returns
     -------
     torch.Tensor
-        bool scalar on the device of ``positions`` (no host synchronisation);
-        False without atoms.
+        bool scalar on the device of ``positions``, False without atoms. No
+        host synchronisation on accelerators; on the CPU an unchanged cell
+        takes the plain displacement test (the same result, without the cell
+        algebra).
     """
-    u = nonaffine_displacements(positions, ref_positions, system_index, ref_cell, cell)
-    half = 0.5 * effective_skin(ref_cell, cell, cutoff=cutoff, skin=skin).to(u.device)
+    ref, cur = _cells(ref_cell, cell)
+    if ref.device.type == "cpu" and torch.equal(ref, cur):
+        if positions.shape != ref_positions.shape:
+            raise ValidationError(
+                f"positions have shape {tuple(positions.shape)} but ref_positions "
+                f"{tuple(ref_positions.shape)}"
+            )
+        x = positions.detach().to(torch.float64)
+        u = x - ref_positions.detach().to(device=x.device, dtype=torch.float64)
+        if u.shape[0] == 0:
+            return torch.zeros((), dtype=torch.bool, device=u.device)
+        return ((u * u).sum(dim=1) > (0.5 * skin) ** 2).any()
+    grad, defined = deformation_gradient(ref, cur)
+    u = _nonaffine(positions, ref_positions, system_index, grad)
+    half = 0.5 * _effective(grad, defined, cutoff, skin).to(u.device)
     if u.shape[0] == 0:
         return torch.zeros((), dtype=torch.bool, device=u.device)
     limit = half[0] if half.shape[0] == 1 else half[system_index.to(u.device)]

@@ -7,13 +7,20 @@ system of a batch has its own chain. Chain variables are global (one value per
 system, identical on every rank): they are driven only by sums that come out of
 the integrator's one reduction per step, so a domain-decomposed run integrates
 exactly the chain of the single-process run.
+
+Global state lives on the host in float64 NumPy arrays: a chain sweep is a few
+hundred operations on arrays of a few numbers, which cost microseconds on the
+host but a kernel launch each on a GPU. The step's one reduction is copied to
+the host once (one synchronisation per step); per-atom work stays on the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
@@ -25,9 +32,18 @@ if TYPE_CHECKING:
 
 __all__ = ["NoseHooverChain", "NoseHooverNVT", "StepSums", "step_sums"]
 
+Array = npt.NDArray[np.float64]
+
 _W = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
 #: Weights of the fourth-order Suzuki-Yoshida composition (three stages).
 SUZUKI_YOSHIDA_4 = (_W, 1.0 - 2.0 * _W, _W)
+
+
+def host(x: Any) -> Array:
+    """``x`` (a tensor on any device, an array or numbers) as a float64 host array."""
+    if isinstance(x, torch.Tensor):
+        return np.asarray(x.detach().to(device="cpu", dtype=torch.float64).numpy())
+    return np.asarray(x, dtype=np.float64)
 
 
 class NoseHooverChain:
@@ -36,96 +52,93 @@ class NoseHooverChain:
     The first link couples to twice the kinetic energy ``k2`` of the momenta it
     thermostats (``n_dof`` degrees of freedom); link ``j > 1`` couples to the
     kinetic energy of link ``j - 1``. :meth:`propagate` advances the chain and
-    returns the factor by which those momenta are scaled.
+    returns the factor by which those momenta are scaled. State and arithmetic
+    are float64 on the host.
 
     Parameters
     ----------
     n_dof:
-        float64, shape ``(n_systems,)``: degrees of freedom the chain heats.
+        Shape ``(n_systems,)``: degrees of freedom the chain heats.
     kT:
         Target temperature times Boltzmann's constant (eV).
     masses:
-        float64, shape ``(n_systems, length)``: the links' masses (eV * time**2).
+        Shape ``(n_systems, length)``: the links' masses (eV * time**2).
     n_loops:
         Sub-steps per call (each a Suzuki-Yoshida composition).
 
     Attributes
     ----------
     xi, p_xi:
-        float64, shape ``(n_systems, length)``: positions and momenta of the links.
+        float64 arrays, shape ``(n_systems, length)``: positions and momenta of
+        the links.
     """
 
-    def __init__(self, n_dof: torch.Tensor, kT: float, masses: torch.Tensor, n_loops: int = 1):
-        if masses.ndim != 2 or masses.shape[0] != n_dof.shape[0] or masses.shape[1] < 1:
+    def __init__(self, n_dof: Any, kT: float, masses: Any, n_loops: int = 1) -> None:
+        dof, q = host(n_dof), host(masses)
+        if q.ndim != 2 or dof.shape != (q.shape[0],) or q.shape[1] < 1:
             raise ConfigurationError(
-                f"chain masses have shape {tuple(masses.shape)}, expected "
-                f"({n_dof.shape[0]}, length >= 1)"
+                f"chain masses have shape {q.shape}, expected ({dof.shape[0]}, length >= 1)"
             )
-        if not bool((masses > 0).all()) or not kT > 0:
+        if not bool((q > 0).all()) or not kT > 0:
             raise ConfigurationError(
                 f"a Nose-Hoover chain needs kT > 0 (got {kT}) and positive masses "
-                f"(got {masses.tolist()})"
+                f"(got {q.tolist()})"
             )
         if n_loops < 1:
             raise ConfigurationError(f"n_loops must be >= 1, got {n_loops}")
-        self.n_dof = n_dof.to(torch.float64)
-        self.kT = float(kT)
-        self.masses = masses.to(torch.float64)
-        self.n_loops = int(n_loops)
-        self.xi = torch.zeros_like(self.masses)
-        self.p_xi = torch.zeros_like(self.masses)
+        self.n_dof, self.kT, self.masses, self.n_loops = dof, float(kT), q, int(n_loops)
+        self.xi: Array = np.zeros_like(q)
+        self.p_xi: Array = np.zeros_like(q)
 
     @property
     def length(self) -> int:
         """Links per chain."""
         return int(self.masses.shape[1])
 
-    def energy(self) -> torch.Tensor:
-        """The chain's share of the conserved energy, float64 shape ``(n_systems,)``:
+    def energy(self) -> Array:
+        """The chain's share of the conserved energy, shape ``(n_systems,)``:
         ``sum p**2 / 2Q + n_dof kT xi_1 + kT sum_{j>1} xi_j``."""
-        kinetic = (0.5 * self.p_xi * self.p_xi / self.masses).sum(dim=1)
-        return kinetic + self.n_dof * self.kT * self.xi[:, 0] + self.kT * self.xi[:, 1:].sum(dim=1)
+        kinetic = (0.5 * self.p_xi * self.p_xi / self.masses).sum(axis=1)
+        out: Array = kinetic + self.n_dof * self.kT * self.xi[:, 0]
+        out += self.kT * self.xi[:, 1:].sum(axis=1)
+        return out
 
-    def propagate(self, k2: torch.Tensor, dt: float) -> torch.Tensor:
+    def propagate(self, k2: Any, dt: float) -> Array:
         """Advance the chains by ``dt`` (ASE time units) against momenta whose twice
-        kinetic energy is ``k2`` (float64, shape ``(n_systems,)``).
+        kinetic energy is ``k2`` (shape ``(n_systems,)``).
 
         Returns
         -------
-        torch.Tensor
+        numpy.ndarray
             float64, shape ``(n_systems,)``: multiply the momenta by it (their
             ``k2`` becomes ``k2 * factor**2``).
         """
-        k2 = k2.to(torch.float64).clone()
-        scale = torch.ones_like(k2)
+        k2 = host(k2).copy()
+        scale: Array = np.ones_like(k2)
         for _ in range(self.n_loops):
             for w in SUZUKI_YOSHIDA_4:
                 factor = self._substep(k2, w * dt / self.n_loops)
-                scale = scale * factor
-                k2 = k2 * factor * factor
+                scale *= factor
+                k2 *= factor * factor
         return scale
 
-    def _force(self, j: int, k2: torch.Tensor) -> torch.Tensor:
+    def _kick(self, j: int, k2: Array, d: float) -> None:
+        p, q = self.p_xi, self.masses
         if j == 0:
-            return k2 - self.n_dof * self.kT
-        prev = self.p_xi[:, j - 1]
-        return prev * prev / self.masses[:, j - 1] - self.kT
-
-    def _kick(self, j: int, k2: torch.Tensor, d: float) -> None:
-        p = self.p_xi
-        damp = None
+            force = k2 - self.n_dof * self.kT
+        else:
+            force = p[:, j - 1] * p[:, j - 1] / q[:, j - 1] - self.kT
         if j + 1 < self.length:
-            damp = torch.exp(-0.25 * d * p[:, j + 1] / self.masses[:, j + 1])
-            p[:, j] = p[:, j] * damp
-        p[:, j] = p[:, j] + 0.5 * d * self._force(j, k2)
-        if damp is not None:
-            p[:, j] = p[:, j] * damp
+            damp = np.exp(-0.25 * d * p[:, j + 1] / q[:, j + 1])
+            p[:, j] = (p[:, j] * damp + 0.5 * d * force) * damp
+        else:
+            p[:, j] += 0.5 * d * force
 
-    def _substep(self, k2: torch.Tensor, d: float) -> torch.Tensor:
+    def _substep(self, k2: Array, d: float) -> Array:
         for j in reversed(range(self.length)):
             self._kick(j, k2, d)
-        self.xi = self.xi + d * self.p_xi / self.masses
-        factor = torch.exp(-d * self.p_xi[:, 0] / self.masses[:, 0])
+        self.xi += d * self.p_xi / self.masses
+        factor: Array = np.exp(-d * self.p_xi[:, 0] / self.masses[:, 0])
         k2_new = k2 * factor * factor
         for j in range(self.length):
             self._kick(j, k2_new, d)
@@ -138,22 +151,23 @@ class StepSums:
     Attributes
     ----------
     counts:
-        float64 ``(n_systems,)``: atoms per system.
+        float64 host array ``(n_systems,)``: atoms per system.
     kinetic:
-        float64 ``(n_systems, 3, 3)``: ``sum m v (x) v`` (twice the kinetic tensor).
+        float64 host array ``(n_systems, 3, 3)``: ``sum m v (x) v`` (twice the
+        kinetic tensor).
     totals:
-        The model's per-system totals asked for (``energy``, ``stress``) that exist.
+        The model's per-system totals asked for (``energy``, ``stress``) that
+        exist, as tensors on the batch's device.
     """
 
-    def __init__(
-        self, counts: torch.Tensor, kinetic: torch.Tensor, totals: dict[str, torch.Tensor]
-    ) -> None:
+    def __init__(self, counts: Array, kinetic: Array, totals: dict[str, torch.Tensor]) -> None:
         self.counts, self.kinetic, self.totals = counts, kinetic, totals
 
     @property
-    def k2(self) -> torch.Tensor:
-        """Twice the kinetic energy per system, float64 ``(n_systems,)``."""
-        return self.kinetic.diagonal(dim1=1, dim2=2).sum(dim=1)
+    def k2(self) -> Array:
+        """Twice the kinetic energy per system, shape ``(n_systems,)``."""
+        out: Array = np.trace(self.kinetic, axis1=1, axis2=2)
+        return out
 
 
 def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
@@ -161,26 +175,26 @@ def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
 
     One call of ``dyn.reducer.sum_with_totals``: under DD **Collective** over the
     mesh (one all-reduce that also completes the pending per-system partials).
+    The counts and kinetic tensor are copied to the host (one synchronisation).
     """
     b = dyn.batch
     n_sys = b.n_systems
     v = b.velocities.to(torch.float64)
-    per_atom = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
+    outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
+    ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
     local = torch.zeros(n_sys, 10, dtype=torch.float64, device=b.device)
-    rows = torch.cat(
-        [torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device), per_atom.reshape(-1, 9)], 1
-    )
-    local = local.index_add(0, b.system_index, rows)
+    local = local.index_add(0, b.system_index, torch.cat([ones, outer.reshape(-1, 9)], 1))
     reducer: Reducer = dyn.reducer
     summed, totals = reducer.sum_with_totals(local, names, dyn.outputs)
-    summed = summed.to(torch.float64)
-    return StepSums(summed[:, 0], summed[:, 1:].reshape(n_sys, 3, 3), totals)
+    flat = host(summed)
+    return StepSums(flat[:, 0].copy(), flat[:, 1:].reshape(n_sys, 3, 3).copy(), totals)
 
 
-def per_atom(values: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """A per-system factor ``(n_systems,)`` as a per-atom column ``(n_atoms, 1)``,
-    in the batch's dtype."""
-    return values.to(batch.dtype).index_select(0, batch.system_index)[:, None]
+def per_atom(values: Array, batch: Batch) -> torch.Tensor:
+    """A per-system host factor ``(n_systems,)`` as a per-atom column
+    ``(n_atoms, 1)`` on the batch's device and in its dtype."""
+    t = torch.as_tensor(values, dtype=batch.dtype).to(batch.device, non_blocking=True)
+    return t.index_select(0, batch.system_index)[:, None]
 
 
 class NoseHooverNVT(BaseDynamics):
@@ -231,8 +245,8 @@ class NoseHooverNVT(BaseDynamics):
         self.tau_fs = float(tau)
         self.chain_length, self.n_loops = int(chain_length), int(n_loops)
         self.chain: NoseHooverChain | None = None
-        self._k2: torch.Tensor | None = None
-        self._energy: torch.Tensor | None = None
+        self._k2: Array | None = None
+        self._energy: Array | None = None
 
     @property
     def kT(self) -> float:
@@ -241,28 +255,24 @@ class NoseHooverNVT(BaseDynamics):
 
     def _reduce(self) -> StepSums:
         sums = step_sums(self, ("energy",))
-        self._energy = sums.totals.get("energy")
-        if self._energy is not None:
-            self.batch = self.batch.replace(energy=self._energy.to(self.batch.dtype))
+        energy = sums.totals.get("energy")
+        self._energy = None if energy is None else host(energy)
+        if energy is not None:
+            self.batch = self.batch.replace(energy=energy.to(self.batch.dtype))
         return sums
 
-    def _start(self) -> torch.Tensor:
+    def _start(self) -> Array:
         sums = self._reduce()
         if not bool((sums.counts > 0).all()):
             raise ValidationError(f"every system needs atoms; counts are {sums.counts.tolist()}")
         n_dof = 3.0 * sums.counts
         tau = self.tau_fs * ASE_TIME_PER_FS
-        q = torch.full(
-            (n_dof.shape[0], self.chain_length),
-            self.kT * tau * tau,
-            dtype=torch.float64,
-            device=n_dof.device,
-        )
-        q[:, 0] = q[:, 0] * n_dof
+        q = np.full((n_dof.shape[0], self.chain_length), self.kT * tau * tau)
+        q[:, 0] *= n_dof
         self.chain = NoseHooverChain(n_dof, self.kT, q, self.n_loops)
         return sums.k2
 
-    def _thermostat(self, k2: torch.Tensor) -> None:
+    def _thermostat(self, k2: Array) -> None:
         assert self.chain is not None
         scale = self.chain.propagate(k2, 0.5 * self.dt)
         self._k2 = k2 * scale * scale
@@ -284,8 +294,9 @@ class NoseHooverNVT(BaseDynamics):
         self._thermostat(self._reduce().k2)
 
     def conserved_energy(self) -> torch.Tensor:
-        """The extended energy ``E_pot + E_kin + chain`` per system (float64), which
-        the dynamics conserves; no communication (uses the last step's sums).
+        """The extended energy ``E_pot + E_kin + chain`` per system (float64, on the
+        host), which the dynamics conserves; no communication (uses the last
+        step's sums).
 
         Raises
         ------
@@ -298,4 +309,4 @@ class NoseHooverNVT(BaseDynamics):
             raise ValidationError(
                 f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
             )
-        return self._energy.to(torch.float64) + 0.5 * self._k2 + self.chain.energy()
+        return torch.from_numpy(self._energy + 0.5 * self._k2 + self.chain.energy())

@@ -19,12 +19,20 @@ import enum
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
 from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._hooks import Hook
-from nvdd.dynamics._nose_hoover import NoseHooverChain, StepSums, per_atom, step_sums
+from nvdd.dynamics._nose_hoover import (
+    Array,
+    NoseHooverChain,
+    StepSums,
+    host,
+    per_atom,
+    step_sums,
+)
 
 __all__ = ["EV_PER_A3_PER_BAR", "CellDOF", "MTKNPT"]
 
@@ -41,11 +49,11 @@ class CellDOF(enum.Enum):
     FULL = "full"
 
 
-def _exprel(x: torch.Tensor) -> torch.Tensor:
+def _exprel(x: Array) -> Array:
     """``(exp(x) - 1) / x``, 1 at 0."""
-    zero = x == 0
-    safe = torch.where(zero, torch.ones_like(x), x)
-    return torch.where(zero, torch.ones_like(x), torch.expm1(safe) / safe)
+    safe = np.where(x == 0, 1.0, x)
+    out: Array = np.where(x == 0, 1.0, np.expm1(safe) / safe)
+    return out
 
 
 def _in_basis(x: torch.Tensor, basis: torch.Tensor, si: torch.Tensor) -> torch.Tensor:
@@ -53,6 +61,10 @@ def _in_basis(x: torch.Tensor, basis: torch.Tensor, si: torch.Tensor) -> torch.T
     if basis.shape[0] == 1:
         return x @ basis[0]
     return torch.bmm(x.unsqueeze(1), basis.index_select(0, si)).squeeze(1)
+
+
+def _device(a: Array, batch: Batch) -> torch.Tensor:
+    return torch.as_tensor(a, dtype=batch.dtype).to(batch.device, non_blocking=True)
 
 
 class MTKNPT(BaseDynamics):
@@ -127,13 +139,15 @@ class MTKNPT(BaseDynamics):
         self._chains = (int(t_chain), int(p_chain), int(t_loops), int(p_loops))
         self.thermostat: NoseHooverChain | None = None
         self.barostat: NoseHooverChain | None = None
-        #: Cell momentum: (S,) isotropic, (S, 3, 3) symmetric for the full cell.
-        self.p_cell: torch.Tensor | None = None
-        self._kin: torch.Tensor | None = None  # sum m v (x) v, (S, 3, 3)
-        self._stress: torch.Tensor | None = None
-        self._energy: torch.Tensor | None = None
-        self._counts: torch.Tensor | None = None
-        self._w: torch.Tensor | None = None  # barostat mass, (S,)
+        #: Cell momentum (host, float64): (S,) isotropic, (S, 3, 3) symmetric for
+        #: the full cell.
+        self.p_cell: Array | None = None
+        self._kin: Array | None = None  # sum m v (x) v, (S, 3, 3)
+        self._stress: Array | None = None
+        self._energy: Array | None = None
+        self._counts: Array | None = None
+        self._w: Array | None = None  # barostat mass, (S,)
+        self._cell: Array | None = None  # the cell (host, float64; the batch gets copies)
 
     # ------------------------------------------------------------ quantities
     @property
@@ -147,24 +161,29 @@ class MTKNPT(BaseDynamics):
         return self.pressure_bar * EV_PER_A3_PER_BAR
 
     def volume(self) -> torch.Tensor:
-        """Cell volumes, float64 shape ``(n_systems,)`` (no communication)."""
-        vol: torch.Tensor = torch.linalg.det(self.batch.cell.to(torch.float64)).abs()
+        """Cell volumes, float64 shape ``(n_systems,)`` on the host (no communication)."""
+        return torch.from_numpy(self._volume())
+
+    def _volume(self) -> Array:
+        cell = self._cell if self._cell is not None else host(self.batch.cell)
+        vol: Array = np.abs(np.linalg.det(cell))
         return vol
 
     def pressure_tensor(self) -> torch.Tensor:
         """Instantaneous pressure tensor (kinetic + virial) after the last step,
-        eV/A**3, float64 shape ``(n_systems, 3, 3)``; no communication."""
+        eV/A**3, float64 shape ``(n_systems, 3, 3)`` on the host; no communication."""
         kin, stress = self._need("pressure_tensor")
-        return kin / self.volume()[:, None, None] - stress
+        return torch.from_numpy(kin / self._volume()[:, None, None] - stress)
 
     def pressure(self) -> torch.Tensor:
         """Instantaneous pressure (bar) after the last step, shape ``(n_systems,)``."""
-        p: torch.Tensor = self.pressure_tensor().diagonal(dim1=1, dim2=2).sum(dim=1) / 3.0
-        return p / EV_PER_A3_PER_BAR
+        p = self.pressure_tensor().diagonal(dim1=1, dim2=2).sum(dim=1) / 3.0
+        out: torch.Tensor = p / EV_PER_A3_PER_BAR
+        return out
 
     def conserved_energy(self) -> torch.Tensor:
-        """The extended energy per system (float64), conserved by the dynamics:
-        ``E_pot + E_kin + chains + cell kinetic energy + P_ext V``. No
+        """The extended energy per system (float64, on the host), conserved by the
+        dynamics: ``E_pot + E_kin + chains + cell kinetic energy + P_ext V``. No
         communication (uses the last step's sums)."""
         kin, _ = self._need("conserved_energy")
         if self._energy is None:
@@ -172,17 +191,17 @@ class MTKNPT(BaseDynamics):
                 f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
             )
         assert self.thermostat is not None and self.barostat is not None
-        k2 = kin.diagonal(dim1=1, dim2=2).sum(dim=1)
-        return (
+        total = (
             self._energy
-            + 0.5 * k2
+            + 0.5 * np.trace(kin, axis1=1, axis2=2)
             + self.thermostat.energy()
             + self.barostat.energy()
             + 0.5 * self._cell_k2()
-            + self.pressure_ext * self.volume()
+            + self.pressure_ext * self._volume()
         )
+        return torch.from_numpy(total)
 
-    def _need(self, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _need(self, what: str) -> tuple[Array, Array]:
         if self._kin is None or self._stress is None:
             raise ValidationError(f"{what}: take a step first")
         return self._kin, self._stress
@@ -195,11 +214,10 @@ class MTKNPT(BaseDynamics):
                 f"MTKNPT needs the model's 'stress'; {type(self.model).__name__} returned "
                 f"{sorted(self.outputs)}"
             )
-        self._kin = sums.kinetic
-        self._stress = sums.totals["stress"].to(torch.float64)
-        energy = sums.totals.get("energy")
-        self._energy = None if energy is None else energy.to(torch.float64)
-        fields: dict[str, Any] = {"stress": sums.totals["stress"].to(self.batch.dtype)}
+        stress, energy = sums.totals["stress"], sums.totals.get("energy")
+        self._kin, self._stress = sums.kinetic, host(stress)
+        self._energy = None if energy is None else host(energy)
+        fields: dict[str, Any] = {"stress": stress.to(self.batch.dtype)}
         if energy is not None:
             fields["energy"] = energy.to(self.batch.dtype)
         self.batch = self.batch.replace(**fields)
@@ -218,24 +236,25 @@ class MTKNPT(BaseDynamics):
         kT = self.kT
         tt = (self.tau_t_fs * ASE_TIME_PER_FS) ** 2
         tp = (self.tau_p_fs * ASE_TIME_PER_FS) ** 2
-        q = torch.full((n.shape[0], t_chain), kT * tt, dtype=torch.float64, device=n.device)
+        q = np.full((n.shape[0], t_chain), kT * tt)
         q[:, 0] *= 3.0 * n
         self.thermostat = NoseHooverChain(3.0 * n, kT, q, t_loops)
-        r = torch.full((n.shape[0], p_chain), kT * tp, dtype=torch.float64, device=n.device)
+        r = np.full((n.shape[0], p_chain), kT * tp)
         r[:, 0] *= 9.0
         iso = self.cell_dof is CellDOF.ISOTROPIC
-        self.barostat = NoseHooverChain(torch.full_like(n, 1.0 if iso else 9.0), kT, r, p_loops)
+        self.barostat = NoseHooverChain(np.full_like(n, 1.0 if iso else 9.0), kT, r, p_loops)
         self._w = (3.0 * n + 3.0 if iso else n + 1.0) * kT * tp
         self._counts = n
-        shape = (n.shape[0],) if iso else (n.shape[0], 3, 3)
-        self.p_cell = torch.zeros(shape, dtype=torch.float64, device=n.device)
+        self._cell = host(self.batch.cell)
+        self.p_cell = np.zeros((n.shape[0],) if iso else (n.shape[0], 3, 3))
 
     # ---------------------------------------------------------- the pieces
-    def _cell_k2(self) -> torch.Tensor:
+    def _cell_k2(self) -> Array:
         assert self.p_cell is not None and self._w is not None
         p = self.p_cell
-        sq = p * p if p.ndim == 1 else (p * p).sum(dim=(1, 2))
-        return sq / self._w
+        sq = p * p if p.ndim == 1 else (p * p).sum(axis=(1, 2))
+        out: Array = sq / self._w
+        return out
 
     def _barostat_chain(self, d: float) -> None:
         assert self.barostat is not None and self.p_cell is not None
@@ -244,8 +263,7 @@ class MTKNPT(BaseDynamics):
 
     def _thermostat_chain(self, d: float) -> None:
         assert self.thermostat is not None and self._kin is not None
-        k2 = self._kin.diagonal(dim1=1, dim2=2).sum(dim=1)
-        scale = self.thermostat.propagate(k2, d)
+        scale = self.thermostat.propagate(np.trace(self._kin, axis1=1, axis2=2), d)
         self._kin = self._kin * (scale * scale)[:, None, None]
         b = self.batch
         self.batch = b.replace(velocities=b.velocities * per_atom(scale, b))
@@ -253,67 +271,64 @@ class MTKNPT(BaseDynamics):
     def _cell_kick(self, d: float) -> None:
         assert self.p_cell is not None and self._kin is not None and self._stress is not None
         assert self._counts is not None
-        vol = self.volume()
+        vol = self._volume()
         kin, stress, p_ext = self._kin, self._stress, self.pressure_ext
-        k2 = kin.diagonal(dim1=1, dim2=2).sum(dim=1)
+        k2 = np.trace(kin, axis1=1, axis2=2)
         if self.p_cell.ndim == 1:
-            trace = stress.diagonal(dim1=1, dim2=2).sum(dim=1)
+            trace = np.trace(stress, axis1=1, axis2=2)
             force = k2 - vol * trace - 3.0 * vol * p_ext + k2 / self._counts
         else:
-            eye = torch.eye(3, dtype=torch.float64, device=vol.device)
-            iso = (k2 / (3.0 * self._counts) - vol * p_ext)[:, None, None] * eye
+            iso = (k2 / (3.0 * self._counts) - vol * p_ext)[:, None, None] * np.eye(3)
             force = kin - vol[:, None, None] * stress + iso
-            force = 0.5 * (force + force.transpose(1, 2))
+            force = 0.5 * (force + force.transpose(0, 2, 1))
         self.p_cell = self.p_cell + d * force
 
-    def _rates(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _rates(self) -> tuple[Array, Array | None]:
         """Strain rates (1/time): (S,) isotropic, else eigenvalues (S, 3) and basis."""
         assert self.p_cell is not None and self._w is not None
         if self.p_cell.ndim == 1:
-            return self.p_cell / self._w, None
-        lam, basis = torch.linalg.eigh(self.p_cell)
+            out: Array = self.p_cell / self._w
+            return out, None
+        lam, basis = np.linalg.eigh(self.p_cell)
         return lam / self._w[:, None], basis
 
     def _kick(self, d: float) -> None:
         """Particle velocities under forces and the cell's friction, over ``d``."""
         assert self._counts is not None
         b = self.batch
-        si, dtype = b.system_index, b.dtype
+        si = b.system_index
         acc = b.forces / b.masses[:, None]
         rate, basis = self._rates()
         if basis is None:
             x = -(1.0 + 1.0 / self._counts) * rate * d
-            v = b.velocities * per_atom(torch.exp(x), b) + d * acc * per_atom(_exprel(x), b)
+            v = b.velocities * per_atom(np.exp(x), b) + d * acc * per_atom(_exprel(x), b)
         else:
-            trace = rate.sum(dim=1, keepdim=True) / (3.0 * self._counts[:, None])
+            trace = rate.sum(axis=1, keepdims=True) / (3.0 * self._counts[:, None])
             x = -(rate + trace) * d  # (S, 3)
-            u = basis.to(dtype)
-            y = _in_basis(b.velocities, u, si)
-            fy = _in_basis(acc, u, si)
-            y = y * torch.exp(x).to(dtype)[si] + d * fy * _exprel(x).to(dtype)[si]
+            u = _device(basis, b)
+            y = _in_basis(b.velocities, u, si) * _device(np.exp(x), b)[si]
+            y = y + d * _in_basis(acc, u, si) * _device(_exprel(x), b)[si]
             v = _in_basis(y, u.transpose(1, 2), si)
         self.batch = b.replace(velocities=v)
 
     def _drift(self, d: float) -> None:
         """Positions and cell over ``d``: affine growth plus the particles' motion."""
+        assert self._cell is not None
         b = self.batch
-        si, dtype = b.system_index, b.dtype
+        si = b.system_index
         rate, basis = self._rates()
+        x = rate * d
         if basis is None:
-            x = rate * d
-            pos = b.positions * per_atom(torch.exp(x), b) + d * b.velocities * per_atom(
-                _exprel(x), b
-            )
-            cell = b.cell * torch.exp(x).to(dtype)[:, None, None]
+            pos = b.positions * per_atom(np.exp(x), b) + d * b.velocities * per_atom(_exprel(x), b)
+            self._cell = self._cell * np.exp(x)[:, None, None]
         else:
-            x = rate * d  # (S, 3)
-            u = basis.to(dtype)
-            y = _in_basis(b.positions, u, si) * torch.exp(x).to(dtype)[si]
-            y = y + d * _in_basis(b.velocities, u, si) * _exprel(x).to(dtype)[si]
+            u = _device(basis, b)
+            y = _in_basis(b.positions, u, si) * _device(np.exp(x), b)[si]
+            y = y + d * _in_basis(b.velocities, u, si) * _device(_exprel(x), b)[si]
             pos = _in_basis(y, u.transpose(1, 2), si)
-            grown = torch.bmm(b.cell.to(torch.float64), basis) * torch.exp(x)[:, None, :]
-            cell = torch.bmm(grown, basis.transpose(1, 2)).to(dtype)
-        self.batch = b.replace(positions=pos, cell=cell)
+            grown = (self._cell @ basis) * np.exp(x)[:, None, :]
+            self._cell = grown @ basis.transpose(0, 2, 1)
+        self.batch = b.replace(positions=pos, cell=_device(self._cell, b))
 
     # ------------------------------------------------------------- the step
     def pre_update(self) -> None:
