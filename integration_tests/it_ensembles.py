@@ -117,6 +117,8 @@ def run_dd(
     return {
         "ids": final.atom_ids,
         "positions": final.positions,
+        "velocities": final.velocities,
+        "masses": final.masses,
         "forces": final.forces,
         "energy": final.energy,
         "stress": final.stress,
@@ -175,4 +177,5 @@ def argon_npt(
         "volume": out["volume"][equilibrate:],
         "pressure": out["pressure"][equilibrate:],
         "rebuilds": out["rebuilds"],
+        "final": {k: out[k] for k in ("positions", "velocities", "masses", "cell")},
     }

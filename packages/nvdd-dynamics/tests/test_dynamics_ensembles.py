@@ -156,6 +156,20 @@ def test_npt_reports_volume_and_pressure() -> None:
     assert torch.equal(b.stress, SoftPair()(b)["stress"].detach())  # the step's stress is kept
 
 
+@pytest.mark.parametrize("kind", ["nvt", "npt-iso", "npt-full"])
+def test_float32_follows_float64(kind: str) -> None:
+    """Global state is float64 on the host whatever the batch's dtype; a float32
+    run stays within float32 rounding of the float64 one."""
+    runs = []
+    for dtype in (torch.float32, torch.float64):
+        dyn = _make(kind, make_gas(n=24, triclinic=True, seed=5).to(dtype=dtype))
+        dyn.run(10)
+        assert dyn.batch.positions.dtype == dtype and dyn.batch.cell.dtype == dtype
+        runs.append(dyn.batch.to(dtype=torch.float64))
+    assert float((runs[0].positions - runs[1].positions).abs().max()) < 1e-4
+    assert float((runs[0].cell - runs[1].cell).abs().max()) < 1e-4
+
+
 # --------------------------------------------------------------------- input
 class _NoStress(SoftPair):
     def forward(self, batch: Batch) -> ModelOutputs:
@@ -171,6 +185,8 @@ def test_bad_input_raises_clear_errors() -> None:
         NoseHooverNVT(SoftPair(), make_gas(), temperature_K=10.0, chain_length=0)
     with pytest.raises(ConfigurationError, match="tau_p_fs"):
         MTKNPT(SoftPair(), make_gas(), temperature_K=10.0, tau_p_fs=-1.0)
+    with pytest.raises(ConfigurationError, match="pressure_bar must be a number"):
+        MTKNPT(SoftPair(), make_gas(), temperature_K=10.0, pressure_bar=float("inf"))
     with pytest.raises(ConfigurationError, match="CellDOF"):
         MTKNPT(SoftPair(), make_gas(), temperature_K=10.0, cell_dof="full")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="p_chain=0"):

@@ -16,6 +16,7 @@ the cell is bit-identical on every rank.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,6 +98,10 @@ class MTKNPT(BaseDynamics):
     oracles): thermostat ``Q = (3N, 1, ...) kT tau_t**2``; barostat
     ``W = (3N + 3) kT tau_p**2`` (isotropic) or ``(N + 1) kT tau_p**2`` (full);
     cell chain ``(9, 1, ...) kT tau_p**2``. Degrees of freedom ``3N``.
+
+    The integrator owns the cell: from the first step on it keeps a float64
+    host copy and writes ``batch.cell`` from it (bit-identical on every rank
+    under DD).
     """
 
     def __init__(
@@ -124,7 +129,11 @@ class MTKNPT(BaseDynamics):
                 f"MTKNPT needs temperature_K, tau_t_fs and tau_p_fs > 0, got {temperature_K!r}, "
                 f"{tau_t_fs!r}, {tau_p_fs!r}"
             )
-        if not isinstance(pressure_bar, int | float) or pressure_bar != pressure_bar:
+        if (
+            isinstance(pressure_bar, bool)
+            or not isinstance(pressure_bar, int | float)
+            or not math.isfinite(pressure_bar)
+        ):
             raise ConfigurationError(f"pressure_bar must be a number, got {pressure_bar!r}")
         if not isinstance(cell_dof, CellDOF):
             raise ConfigurationError(f"cell_dof must be a CellDOF, got {cell_dof!r}")
