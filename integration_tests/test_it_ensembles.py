@@ -5,8 +5,8 @@ atoms), 200 steps of 4 fs in float64: positions within 1e-8 A modulo the
 lattice, the cell within 1e-10 A (and bit-identical on every rank), forces
 within 1e-10 eV/A. Under NPT the cell changes every step (the volume by more
 than 0.5 % over the run), so halo reuse, image shifts and migration all see a
-moving cell. The conserved (extended) energy drifts alike on 4 ranks and on 1; an NPT argon
-liquid reaches its target pressure.
+moving cell. The conserved (extended) energy drifts alike on 4 ranks and on 1;
+an NPT argon liquid reaches its target pressure.
 """
 
 from __future__ import annotations
