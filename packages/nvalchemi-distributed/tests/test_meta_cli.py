@@ -56,6 +56,41 @@ def test_nvdd_run_two_ranks_matches_one_rank_and_writes_outputs(tmp_path: Path) 
     assert frames == 2  # steps 6 and 12
 
 
+@pytest.mark.gloo
+def test_nvdd_run_npt_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -> None:
+    """--ensemble npt: the whole trajectory (cell included) against one rank, the
+    NPT columns in thermo.csv and per-atom energies in the extxyz frames."""
+    out = tmp_path / "npt"
+    args = ["run", "--nproc", "2", "--cells", "3", "--cutoff", "6.0", "--skin", "0.5"]
+    args += ["--ensemble", "npt", "--pressure", "2000", "--tau-p", "200", "--tau-t", "50"]
+    args += ["--cell-dof", "full", "--nvt-steps", "12", "--nve-steps", "4"]
+    args += ["--thermo-every", "4", "--traj-every", "4", "--compare", "trajectory"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run(
+        [sys.executable, "-m", "nvalchemi.distributed.cli", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = res.stdout
+    assert "108 atoms on 2 cpu rank(s) (gloo); npt 12 + NVE 4" in text
+    assert re.findall(r"^\s*(NPT|NVE)\s+(\d+)\s", text, flags=re.M) == [
+        ("NPT", "4"),
+        ("NPT", "8"),
+        ("NPT", "12"),
+        ("NVE", "16"),
+    ]
+    m = re.search(r"max \|dx\| = (\S+) A, \|dcell\| = (\S+) A", text)
+    assert m is not None, text
+    assert float(m.group(1)) < 1e-8 and float(m.group(2)) < 1e-10
+    header = (out / "thermo.csv").read_text().splitlines()[0].split(",")
+    assert {"E_ext", "V", "P_bar"} <= set(header)
+    frames = (out / "trajectory.extxyz").read_text()
+    assert frames.count("Lattice=") == 4 and "energies:R:1" in frames  # steps 4, 8, 12, 16
+
+
 def test_parser_defaults_describe_the_main_job() -> None:
     args = build_parser().parse_args(["run"])
     assert args.cells == 20 and args.nproc == 2 and args.device == "cpu"

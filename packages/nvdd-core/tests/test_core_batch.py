@@ -320,6 +320,22 @@ def test_ase_round_trip_keeps_ids_and_fields() -> None:
     torch.testing.assert_close(back.stress, sym, rtol=0, atol=1e-12)
 
 
+def test_to_ase_writes_per_atom_energies_to_extxyz(tmp_path: Any) -> None:
+    pytest.importorskip("ase")
+    from ase.io import read, write
+
+    b = make_batch(n=7, n_systems=2)
+    e_atom = torch.arange(7, dtype=torch.float64) * 0.25
+    b = b.replace(atom_extras={**b.atom_extras, "atom_energies": e_atom})
+    atoms = b.to_ase()
+    write(tmp_path / "t.extxyz", atoms, format="extxyz")
+    back = read(tmp_path / "t.extxyz", index=":")
+    for s, a in enumerate(back):
+        rows = (b.system_index == s).nonzero().flatten()
+        assert a.get_potential_energies().tolist() == e_atom[rows].tolist()
+    assert "energies" not in make_batch().to_ase()[0].calc.results  # only when kept
+
+
 def test_from_ase_numbers_ids_consecutively_without_stored_ids() -> None:
     ase = pytest.importorskip("ase")
     a = ase.Atoms("Ar3", positions=[[0, 0, 0], [1, 0, 0], [2, 0, 0]], cell=[5, 5, 5], pbc=True)

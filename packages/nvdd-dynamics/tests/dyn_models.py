@@ -1,7 +1,7 @@
 """Small brute-force pair models for the dynamics tests (not the shipped models).
 
 ``SoftPair``: E = sum over pairs within rc of eps * (1 - r/rc)^3, counted once per
-pair through per-atom halves. Under a DD context it runs with open boundaries on
+pair through per-atom halves; stress from a strain derivative (ASE sign). Under a DD context it runs with open boundaries on
 the ``[owned | ghost]`` rows and counts only owned receivers; single-process it
 sums over periodic images explicitly. Forces are -dE/dx by autograd, computed
 inside the model (``SPEC_LJ_HALO``: direct forces on padded rows, folded).
@@ -51,11 +51,16 @@ class SoftPair(BaseModelMixin, torch.nn.Module):
         leaf = pos if pos.requires_grad else pos.detach().requires_grad_(True)
         n_rows = leaf.shape[0]
         counted = ctx.layout.n_owned if ctx.layout is not None else n_rows
+        # strain leaf: stress = (1/V) dE/d strain (ASE sign), a per-rank partial under DD
+        strain = torch.zeros(batch.n_systems, 3, 3, dtype=leaf.dtype, requires_grad=True)
+        deform = torch.eye(3, dtype=leaf.dtype) + strain
+        cell = torch.bmm(batch.cell.detach(), deform)
+        strained = torch.bmm(leaf.unsqueeze(1), deform[batch.system_index]).squeeze(1)
         e_atom = leaf.new_zeros(n_rows)
         for s in range(batch.n_systems):
             rows = (batch.system_index == s).nonzero().flatten()
-            shifts = _images(batch.cell[s], batch.pbc[s], self.rc) @ batch.cell[s]
-            x = leaf[rows]
+            shifts = _images(batch.cell[s], batch.pbc[s], self.rc).to(cell) @ cell[s]
+            x = strained[rows]
             d = x[None, :, None, :] + shifts[None, None, :, :] - x[:, None, None, :]
             r = d.norm(dim=-1)
             same = torch.eye(len(rows), dtype=torch.bool)[:, :, None] & (shifts.norm(dim=-1) == 0)
@@ -69,8 +74,14 @@ class SoftPair(BaseModelMixin, torch.nn.Module):
             else Scope.OWNED
         )
         energy = system_sum(e_atom, batch.system_index, batch.n_systems, scope=scope)
-        (grad,) = torch.autograd.grad(e_atom[:counted].sum(), leaf)
-        return {"energy": energy, "forces": -grad, "atom_energies": e_atom}
+        grad, de_dstrain = torch.autograd.grad(e_atom[:counted].sum(), (leaf, strain))
+        volume = torch.linalg.det(batch.cell.detach()).abs().clamp(min=1e-300)
+        return {
+            "energy": energy,
+            "forces": -grad,
+            "atom_energies": e_atom.detach(),
+            "stress": de_dstrain / volume[:, None, None],
+        }
 
 
 def soft_pair_mpnn_spec() -> SoftPair:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gloo
 def test_a_correct_spec_passes() -> None:
     report = trace_and_validate(SoftPair(), make_gas(n=36, triclinic=True), world_size=2)
     assert report.passed, report.summary()
-    assert set(report.errors) == {"energy", "forces"}
+    assert set(report.errors) == {"energy", "forces", "stress"}
     assert max(report.errors.values()) < 1e-10
     assert report.applied_fixes == [] and "PASSED" in report.summary()
 

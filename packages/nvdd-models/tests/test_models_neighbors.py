@@ -271,7 +271,7 @@ def test_verlet_rebuilds_on_layout_changes() -> None:
     ids = b.atom_ids
     _search(vl, b, atom_ids=ids)
     changes = {
-        "cell": {"cell": b.cell * 1.001},
+        "cell": {"cell": b.cell * 0.8},  # a strain that eats the whole skin
         "pbc": {"pbc": torch.ones(1, 3, dtype=torch.bool)},
         "rows": {"positions": b.positions[:-1], "system_index": b.system_index[:-1]},
     }
@@ -326,6 +326,43 @@ def test_verlet_random_walk_matches_fresh_searches() -> None:
             _search(fresh, moved, n_receivers=20)
         )
     assert 1 < vl.n_builds < 12
+
+
+def test_verlet_follows_a_barostat_without_rebuilding_and_stays_exact() -> None:
+    """Positions scaled with a changing cell (what NPT does) are not displacements:
+    the list is reused, and every call equals a fresh search at the new cell."""
+    b, cutoff, skin = _verlet_setup()
+    vl, fresh = VerletList(cutoff, skin), NeighborList(cutoff)
+    _search(vl, b)
+    gen = torch.Generator().manual_seed(5)
+    pos, cell = b.positions.clone(), b.cell.clone()
+    for _ in range(6):
+        grad = torch.eye(3, dtype=torch.float64) + 0.004 * torch.randn(
+            3, 3, generator=gen, dtype=torch.float64
+        )
+        pos = pos @ grad + 0.01 * torch.randn(pos.shape, generator=gen, dtype=torch.float64)
+        cell = cell @ grad
+        moved = b.replace(positions=pos, cell=cell)
+        got = _search(vl, moved)
+        assert not vl.rebuilt
+        assert edge_set(got) == edge_set(_search(fresh, moved)) == brute_edges_batch(moved, cutoff)
+    assert vl.n_builds == 1
+
+
+def test_verlet_rebuilds_when_the_strain_eats_the_skin() -> None:
+    """A shear that moves periodic images by more than the skin allows (atoms left
+    in place: a plain displacement test would see nothing) forces a rebuild."""
+    b, cutoff, skin = _verlet_setup()
+    vl = VerletList(cutoff, skin)
+    _search(vl, b)
+    shear = torch.eye(3, dtype=torch.float64)
+    shear[1, 0] = 0.05
+    _search(vl, b.replace(cell=b.cell.clone()))
+    assert not vl.rebuilt  # the control: an equal cell
+    sheared = b.replace(cell=b.cell @ shear)
+    got = _search(vl, sheared)
+    assert vl.rebuilt and vl.n_builds == 2
+    assert edge_set(got) == brute_edges_batch(sheared, cutoff)
 
 
 # ------------------------------------------- vesin's CUDA buffer (emulated here)

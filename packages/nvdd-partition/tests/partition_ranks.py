@@ -176,6 +176,37 @@ def ping_pong_cases(cases: list[tuple[float, float]]) -> list[list[tuple[int, in
     return [ping_pong(*case) for case in cases]
 
 
+def migrate_with_a_new_cell() -> dict[str, int]:
+    """Migration after the cell changed (NPT): owners and wrapping follow the
+    *current* cell. The atoms stay put while the cell is sheared and compressed,
+    so their fractional coordinates (and owners) change."""
+    rank = dist.get_rank()
+    cell = torch.tensor([[9.0, 0.0, 0.0], [2.0, 8.0, 0.0], [-1.0, 1.5, 8.5]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(17)
+    pos = torch.rand(60, 3, generator=gen, dtype=torch.float64) @ cell
+    batch = Batch(pos, torch.ones(60, dtype=torch.int64), cell=cell, pbc=[True] * 3)
+    part = SpatialPartitioner(cell, [True] * 3, 2, 2.0, grid_dims=(2, 1, 1), skin=1.0)
+    sb = ShardedBatch.from_batch(batch if rank == 0 else None, None, part)
+    new_cell = cell @ torch.tensor(
+        [[0.85, 0.0, 0.0], [0.35, 1.0, 0.0], [0.0, 0.0, 0.95]], dtype=torch.float64
+    )
+    sb.update_from_batch(sb.local_batch.replace(cell=new_cell.unsqueeze(0)))
+    sb.migrate(0.0)
+    mine = sb.local_batch
+    owner = part.owner_of(mine.positions, mine.system_index, cell=mine.cell)
+    assert bool((owner == rank).all()), "an atom sits on the wrong rank for the current cell"
+    frac = part.fractional(mine.positions, mine.system_index, cell=mine.cell, wrap=False)
+    assert bool(((frac >= 0) & (frac < 1)).all()), "not wrapped into the current cell"
+    whole = sb.gather(0)
+    if whole is None:
+        return {"moved": sb.last_migration.n_moved if sb.last_migration else -1}
+    assert_same_ids(whole.atom_ids, batch.atom_ids, "ids after migration")
+    old = part.owner_of(whole.positions, whole.system_index, cell=cell)
+    new = part.owner_of(whole.positions, whole.system_index, cell=new_cell)
+    moved = sb.last_migration.n_moved if sb.last_migration else -1
+    return {"moved": moved, "owner_changed_by_the_cell": int((old != new).sum())}
+
+
 # ------------------------------------------------------------------- errors
 def _error_case(case: str) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()

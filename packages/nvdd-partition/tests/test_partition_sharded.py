@@ -15,6 +15,7 @@ from partition_ranks import (
     expected,
     meshes_and_broadcast,
     migrate_cases,
+    migrate_with_a_new_cell,
     ping_pong_cases,
     scatter_gather_cases,
 )
@@ -103,6 +104,13 @@ def test_migrate_conserves_ids_and_puts_atoms_on_their_owner(
         moved = [out[r][i] for r in range(world)]
         assert all(m == moved[0] for m in moved)  # the same total on every rank
         assert sum(moved[0]) > 0  # the displacements did move atoms
+
+
+@pytest.mark.gloo
+def test_migration_wraps_and_assigns_with_the_current_cell() -> None:
+    out = run_ranks(migrate_with_a_new_cell, 2)
+    assert out[0]["owner_changed_by_the_cell"] > 0  # the new cell changes owners
+    assert out[0]["moved"] == out[1]["moved"] > 0
 
 
 @pytest.mark.gloo

@@ -21,7 +21,9 @@ from nvalchemi.distributed.__about__ import __version__  # noqa: E402
 from nvdd.core import Batch, init_distributed  # noqa: E402
 from nvdd.dynamics import (  # noqa: E402
     FIRE,
+    MTKNPT,
     BaseDynamics,
+    CellDOF,
     DistributedModel,
     DistributedPipelineModel,
     DomainConfig,
@@ -29,6 +31,7 @@ from nvdd.dynamics import (  # noqa: E402
     HookScope,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
     trace_and_validate,
 )
@@ -69,12 +72,14 @@ from nvdd.spec import (  # noqa: E402
 
 __all__ = [
     "FIRE",
+    "MTKNPT",
     "AdapterRegistry",
     "AdapterStatus",
     "BaseDynamics",
     "BaseModelMixin",
     "Batch",
     "COOPadder",
+    "CellDOF",
     "CompilePolicy",
     "DenseBatchPadder",
     "DensePadder",
@@ -92,6 +97,7 @@ __all__ = [
     "Langevin",
     "MLIPSpec",
     "MethodAdapter",
+    "NoseHooverNVT",
     "OpAdapter",
     "OutputKind",
     "OutputSpec",

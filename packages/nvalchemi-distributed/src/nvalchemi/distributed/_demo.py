@@ -11,15 +11,18 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, OptionalDependencyError, init_distributed
+from nvdd.core import Batch, OptionalDependencyError, init_distributed, shutdown_distributed
 from nvdd.dynamics import (
     KB_EV_PER_K,
+    MTKNPT,
     BaseDynamics,
+    CellDOF,
     DomainConfig,
     DomainParallel,
     HookScope,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
     kinetic_energy,
 )
@@ -79,6 +82,33 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
     )
 
 
+def _first_phase(args: argparse.Namespace, model: Any, batch: Batch) -> BaseDynamics:
+    """The integrator of the first phase (``--ensemble``)."""
+    if args.ensemble == "nvt-nh":
+        return NoseHooverNVT(
+            model, batch, dt_fs=args.dt, temperature_K=args.temperature, tau_fs=args.tau_t
+        )
+    if args.ensemble == "npt":
+        return MTKNPT(
+            model,
+            batch,
+            dt_fs=args.dt,
+            temperature_K=args.temperature,
+            pressure_bar=args.pressure,
+            tau_t_fs=args.tau_t,
+            tau_p_fs=args.tau_p,
+            cell_dof=CellDOF(args.cell_dof),
+        )
+    return Langevin(
+        model,
+        batch,
+        dt_fs=args.dt,
+        temperature_K=args.temperature,
+        friction_per_fs=args.friction,
+        seed=args.seed,
+    )
+
+
 def _empty(dtype: torch.dtype, device: torch.device) -> Batch:
     return Batch(
         torch.zeros(0, 3, dtype=dtype, device=device),
@@ -125,6 +155,11 @@ class _Thermo:
             "atoms_max": float(max(counts)),
             "ms_per_step": ms,
         }
+        conserved = getattr(dyn, "conserved_energy", None)
+        if conserved is not None:  # Nose-Hoover / NPT: the extended energy, and V, P
+            row["E_ext"] = float(conserved().sum())
+        if isinstance(dyn, MTKNPT):
+            row["V"], row["P_bar"] = float(dyn.volume().sum()), float(dyn.pressure().mean())
         self.rows.append(row)
         self.say(
             f"{self.phase:>4} {int(row['step']):>7d} {row['T']:9.2f} {row['E_pot']:14.6f} "
@@ -189,14 +224,7 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
     if args.compare == "none":
         return
     if args.compare == "trajectory" and start is not None:
-        ref_dyn: BaseDynamics = Langevin(
-            model,
-            start.clone(),
-            dt_fs=args.dt,
-            temperature_K=args.temperature,
-            friction_per_fs=args.friction,
-            seed=args.seed,
-        )
+        ref_dyn = _first_phase(args, model, start.clone())
         ref_dyn.run(args.nvt_steps)
         ref_dyn = VelocityVerlet(model, ref_dyn.batch, dt_fs=args.dt)
         ref_dyn.run(args.nve_steps)
@@ -205,7 +233,11 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
         frac = torch.linalg.solve(ref.cell[0].T, d.T).T
         frac = torch.where(ref.pbc[0], frac - torch.round(frac), frac)
         dpos = float((frac @ ref.cell[0]).abs().max())
-        print(f"compare (trajectory, 1 rank vs {args.nproc}): max |dx| = {dpos:.3e} A")
+        dcell = float((ref.cell - final.cell).abs().max())
+        print(
+            f"compare (trajectory, 1 rank vs {args.nproc}): max |dx| = {dpos:.3e} A, "
+            f"|dcell| = {dcell:.3e} A"
+        )
         out = model(ref)
         forces, energy = out["forces"], out["energy"]
     else:
@@ -235,7 +267,7 @@ def _plot(rows: list[dict[str, float]], out: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("energy (eV)")
     ax.legend()
-    ax.set_title("nvdd run: NVT then NVE")
+    ax.set_title("nvdd run: NVT or NPT, then NVE")
     fig.tight_layout()
     fig.savefig(out / "energies.png", dpi=120)
     plt.close(fig)
@@ -258,7 +290,7 @@ def run_rank(args: argparse.Namespace) -> int:
         n = start.n_atoms if start is not None else 0
         print(
             f"nvdd run: {n} atoms on {env.world_size} {args.device} rank(s) ({env.backend}); "
-            f"NVT {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs"
+            f"{args.ensemble} {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs"
         )
         print(
             f"{'':>4} {'step':>7} {'T(K)':>9} {'E_pot(eV)':>14} {'E_tot(eV)':>14} "
@@ -276,15 +308,9 @@ def run_rank(args: argparse.Namespace) -> int:
     rows: list[dict[str, float]] = []
     t0 = time.perf_counter()
     placeholder = _empty(dtype, device)
-    nvt = Langevin(
-        model,
-        start if start is not None else placeholder,
-        dt_fs=args.dt,
-        temperature_K=args.temperature,
-        friction_per_fs=args.friction,
-        seed=args.seed,
-    )
-    state, _ = _run_phase(nvt, args, "NVT", 0, args.nvt_steps, rows, out, start, bar)
+    first = _first_phase(args, model, start if start is not None else placeholder)
+    phase = "NPT" if args.ensemble == "npt" else "NVT"
+    state, _ = _run_phase(first, args, phase, 0, args.nvt_steps, rows, out, start, bar)
     nve = VelocityVerlet(model, state if state is not None else placeholder, dt_fs=args.dt)
     final, dp = _run_phase(nve, args, "NVE", args.nvt_steps, args.nve_steps, rows, out, state, bar)
     elapsed = time.perf_counter() - t0
@@ -307,14 +333,17 @@ def run_rank(args: argparse.Namespace) -> int:
         drift = _drift(rows, args.nvt_steps)
         if drift is not None:
             print(f"NVE energy drift: {drift:.3e} eV/atom over the NVE phase")
+    # Gloo's worker threads can abort the interpreter's finalisation when the group
+    # outlives main (seen once as a SIGABRT of the rank that finished first).
+    shutdown_distributed()
     return 0
 
 
 def _write_csv(rows: list[dict[str, float]], out: Path) -> None:
     if not rows:
         return
-    keys = list(rows[0])
-    lines = [",".join(keys)] + [",".join(f"{r[k]:.10g}" for k in keys) for r in rows]
+    keys = list(dict.fromkeys(k for r in rows for k in r))  # NPT rows have more columns
+    lines = [",".join(keys)] + [",".join(f"{r.get(k, math.nan):.10g}" for k in keys) for r in rows]
     (out / "thermo.csv").write_text("\n".join(lines) + "\n")
 
 

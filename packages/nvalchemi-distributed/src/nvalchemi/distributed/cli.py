@@ -1,7 +1,7 @@
 """The ``nvdd`` command line.
 
 ``nvdd run``: a domain-decomposed MD run of a built-in argon box (Lennard-Jones;
-Langevin NVT equilibration, then NVE) or of any structure ``ase.io.read`` reads.
+an NVT or NPT phase (``--ensemble``), then NVE) or of any structure ``ase.io.read`` reads.
 It launches N ranks with torch's own launcher (``torch.distributed.run``): CPU
 ranks over gloo by default, one rank per GPU over NCCL with ``--device cuda``.
 Under an existing torchrun environment it runs as one of its ranks instead.
@@ -46,7 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the system with ase.io.read instead of building argon",
     )
-    run.add_argument("--nvt-steps", type=int, default=100, help="Langevin equilibration steps")
+    run.add_argument(
+        "--ensemble",
+        choices=("langevin", "nvt-nh", "npt"),
+        default="langevin",
+        help="the first phase: Langevin NVT, Nose-Hoover chain NVT or MTK NPT",
+    )
+    run.add_argument("--pressure", type=float, default=1.0, help="NPT target pressure, bar")
+    run.add_argument("--tau-t", type=float, default=100.0, help="Nose-Hoover time scale, fs")
+    run.add_argument("--tau-p", type=float, default=1000.0, help="NPT barostat time scale, fs")
+    run.add_argument(
+        "--cell-dof",
+        choices=("isotropic", "full"),
+        default="isotropic",
+        help="NPT cell freedom: one strain rate, or every axis and shear",
+    )
+    run.add_argument(
+        "--nvt-steps", type=int, default=100, help="steps of the first phase (--ensemble)"
+    )
     run.add_argument("--nve-steps", type=int, default=100, help="velocity-Verlet steps after it")
     run.add_argument("--dt", type=float, default=4.0, help="time step, fs")
     run.add_argument("--temperature", type=float, default=94.0, help="NVT temperature, K")

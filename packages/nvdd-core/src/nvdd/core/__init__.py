@@ -40,6 +40,12 @@ from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
+from nvdd.core._strain import (
+    deformation_gradient,
+    effective_skin,
+    nonaffine_displacements,
+    skin_exceeded,
+)
 
 __all__ = [
     "ATOMIC_MASSES",
@@ -71,13 +77,17 @@ __all__ = [
     "comm_device",
     "count_collectives",
     "default_backend",
+    "deformation_gradient",
+    "effective_skin",
     "get_rank",
     "get_world_size",
     "init_distributed",
     "make_mesh",
     "masses_for",
+    "nonaffine_displacements",
     "raise_if_any_rank",
     "remove_listener",
     "shutdown_distributed",
+    "skin_exceeded",
     "spawn_ranks",
 ]

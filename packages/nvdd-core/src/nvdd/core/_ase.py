@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["batch_from_ase", "batch_to_ase"]
 
 _ID_KEY = "atom_ids"
+#: Per-atom energies (``atom_extras``, kept by the integrators) become ASE's
+#: ``energies`` result (an extxyz column).
+_ENERGIES_KEY = "atom_energies"
 
 
 def _ase() -> Any:
@@ -102,12 +105,15 @@ def batch_to_ase(batch: Batch) -> list[Atoms]:
         )
         a.set_velocities(cpu.velocities[rows].double().numpy())
         a.arrays[_ID_KEY] = cpu.atom_ids[rows].numpy().copy()
-        a.calc = SinglePointCalculator(  # type: ignore[no-untyped-call]
-            a,
-            energy=float(cpu.energy[s]),
-            forces=cpu.forces[rows].double().numpy(),
-            stress=_matrix_to_voigt(cpu.stress[s].double().numpy()),
-        )
+        results: dict[str, Any] = {
+            "energy": float(cpu.energy[s]),
+            "forces": cpu.forces[rows].double().numpy(),
+            "stress": _matrix_to_voigt(cpu.stress[s].double().numpy()),
+        }
+        per_atom = cpu.atom_extras.get(_ENERGIES_KEY)
+        if per_atom is not None and per_atom.shape == (cpu.n_atoms,):
+            results["energies"] = per_atom[rows].double().numpy()
+        a.calc = SinglePointCalculator(a, **results)  # type: ignore[no-untyped-call]
         out.append(a)
     return out
 

@@ -4,6 +4,7 @@ from nvdd.dynamics.__about__ import __version__
 from nvdd.dynamics._base import (
     ASE_TIME_PER_FS,
     KB_EV_PER_K,
+    PER_ATOM_OUTPUTS,
     BaseDynamics,
     ForceProvider,
     ModelForceProvider,
@@ -16,12 +17,22 @@ from nvdd.dynamics._distributed_model import DDStats, DistributedModel, Distribu
 from nvdd.dynamics._domain_parallel import DomainParallel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
+from nvdd.dynamics._nose_hoover import NoseHooverChain, NoseHooverNVT, StepSums, step_sums
+from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
 
 __all__ = [
     "ASE_TIME_PER_FS",
     "COUNTED_COLLECTIVES",
+    "EV_PER_A3_PER_BAR",
+    "MTKNPT",
+    "PER_ATOM_OUTPUTS",
+    "CellDOF",
+    "NoseHooverChain",
+    "NoseHooverNVT",
+    "StepSums",
+    "step_sums",
     "DDStats",
     "DistributedModel",
     "DistributedPipelineModel",

@@ -8,7 +8,7 @@ distributed force provider, a mesh-wide :class:`Reducer`, and its hook runner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -19,6 +19,7 @@ from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 __all__ = [
     "ASE_TIME_PER_FS",
     "KB_EV_PER_K",
+    "PER_ATOM_OUTPUTS",
     "BaseDynamics",
     "ForceProvider",
     "ModelForceProvider",
@@ -32,6 +33,9 @@ ASE_TIME_PER_FS = 0.09822694788464063
 KB_EV_PER_K = 8.617333262e-5
 
 _ENERGY_KEYS = ("energy", "stress")
+#: Per-atom model outputs the integrator keeps in ``batch.atom_extras`` (they
+#: migrate with their atoms and reach hooks and trajectory writers).
+PER_ATOM_OUTPUTS = ("atom_energies",)
 
 
 class Reducer:
@@ -49,6 +53,30 @@ class Reducer:
     def max(self, t: torch.Tensor) -> torch.Tensor:
         """Element-wise max of ``t`` over all ranks (identity here)."""
         return t
+
+    def sum_with_totals(
+        self, t: torch.Tensor, names: Iterable[str], known: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``t`` summed over ranks and the model's per-system totals ``names``, in
+        one reduction (an integrator's declared once-per-step reduction).
+
+        Parameters
+        ----------
+        t:
+            This process's share of the integrator's sums (any shape).
+        names:
+            Per-system model outputs wanted (e.g. ``"energy"``, ``"stress"``).
+        known:
+            Outputs of the last force computation that are already whole (in a
+            single process: all of them).
+
+        Returns
+        -------
+        (torch.Tensor, dict)
+            The summed ``t`` and the totals of ``names`` that exist (a name the
+            model does not return is left out). Here: ``t`` and ``known``.
+        """
+        return t, {n: known[n] for n in names if n in known}
 
 
 class ForceProvider(Protocol):
@@ -145,6 +173,9 @@ class BaseDynamics:
         self.reducer: Reducer = Reducer()
         self.force_provider: ForceProvider = ModelForceProvider(model)
         self.hook_runner: HookRunner = _run_hooks_locally
+        #: Outputs of the last force computation that are whole on this process
+        #: (under DD, per-system partials are not here until reduced).
+        self.outputs: dict[str, torch.Tensor] = {}
         self._forces_ready = False
 
     # ---------------------------------------------------------------- state
@@ -202,18 +233,26 @@ class BaseDynamics:
         raise NotImplementedError(f"{type(self).__name__} must implement post_update")
 
     def compute(self) -> None:
-        """Run the model and store forces (and energy / stress) in the batch."""
+        """Run the model; store forces, energy and stress in the batch and the
+        per-atom outputs of :data:`PER_ATOM_OUTPUTS` (``atom_energies``) in
+        ``batch.atom_extras``; keep every whole output in :attr:`outputs`."""
         batch, out = self.force_provider(self.batch)
         if "forces" not in out:
             raise ValidationError(
                 f"{type(self.model).__name__} returned no 'forces' (got {sorted(out)})"
             )
-        fields: dict[str, Any] = {"forces": out["forces"].detach()}
-        for key in _ENERGY_KEYS:
-            value: Any = out.get(key)
-            if isinstance(value, torch.Tensor):
-                fields[key] = value.detach()
+        outputs = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+        fields: dict[str, Any] = {"forces": outputs["forces"]}
+        fields.update({k: outputs[k] for k in _ENERGY_KEYS if k in outputs})
+        kept = {
+            k: outputs[k]
+            for k in PER_ATOM_OUTPUTS
+            if k in outputs and outputs[k].shape[:1] == (batch.n_atoms,)
+        }
+        if kept:
+            fields["atom_extras"] = {**batch.atom_extras, **kept}
         self.batch = batch.replace(**fields)
+        self.outputs = outputs
         self._forces_ready = True
 
     def is_converged(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,6 +13,8 @@ from nvdd.dynamics._base import Reducer
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from nvdd.dynamics._consolidate import PendingTotals
+
 __all__ = ["COUNTED_COLLECTIVES", "MeshReducer", "count_collectives"]
 
 #: The collective names :func:`count_collectives` reports (``nvdd.core.COLLECTIVE_NAMES``).
@@ -20,10 +23,21 @@ COUNTED_COLLECTIVES = COLLECTIVE_NAMES
 
 class MeshReducer(Reducer):
     """Sums and maxima over every rank of ``group``: each call is **Collective**
-    (one all-reduce; every rank of the group must call it)."""
+    (one all-reduce; every rank of the group must call it).
 
-    def __init__(self, group: ProcessGroup | None) -> None:
+    Parameters
+    ----------
+    group:
+        The mesh's process group (None: the default group).
+    totals:
+        The distributed model's pending per-system partials:
+        :meth:`sum_with_totals` reduces them in the same all-reduce as the
+        integrator's own sums.
+    """
+
+    def __init__(self, group: ProcessGroup | None, totals: PendingTotals | None = None) -> None:
         self.group = group
+        self.totals = totals
 
     def _reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
         if get_world_size(self.group) == 1:
@@ -37,3 +51,21 @@ class MeshReducer(Reducer):
 
     def max(self, t: torch.Tensor) -> torch.Tensor:
         return self._reduce(t, "max")
+
+    def sum_with_totals(
+        self, t: torch.Tensor, names: Iterable[str], known: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``t`` summed over ranks and the totals ``names``: the pending partials of
+        the last forward join ``t`` in ONE all-reduce (names already reduced,
+        e.g. for a hook, are not sent again); names not pending come from
+        ``known``. **Collective** over :attr:`group`.
+        """
+        wanted = list(names)
+        if self.totals is None:
+            return self.sum(t), {n: known[n] for n in wanted if n in known}
+        pending = set(self.totals.partials())
+        summed, totals = self.totals.materialize_with(t, [n for n in wanted if n in pending])
+        for n in wanted:
+            if n not in totals and n in known:
+                totals[n] = known[n]
+        return summed, totals

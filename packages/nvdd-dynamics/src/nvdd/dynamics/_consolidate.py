@@ -149,10 +149,42 @@ class PendingTotals:
         todo = sorted(n for n in want if n not in self._totals)
         if todo:
             flat = [self._partials[n].reshape(-1) for n in todo]
-            buf = MeshReducer(self.group).sum(torch.cat(flat))
-            offset = 0
-            for n, f in zip(todo, flat, strict=True):
-                total = buf[offset : offset + f.numel()].reshape(self._partials[n].shape)
-                self._totals[n] = total + self._base[n] if n in self._base else total
-                offset += f.numel()
+            self._store(todo, MeshReducer(self.group).sum(torch.cat(flat)))
         return {n: self._totals[n] for n in want}
+
+    def materialize_with(
+        self, extra: torch.Tensor, names: Iterable[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``extra`` summed over ranks, and the totals of ``names``, in ONE all-reduce.
+
+        **Collective** over :attr:`group`: every rank calls it with the same
+        names and an ``extra`` of the same shape. The buffer is float64 (each
+        total is cast back to its partial's dtype); totals already reduced are
+        reused, not sent again.
+
+        Returns
+        -------
+        (torch.Tensor, dict)
+            ``extra`` summed (float64, its shape) and the totals of the
+            ``names`` that are pending partials.
+        """
+        want = [n for n in names if n in self._partials]
+        todo = sorted(n for n in want if n not in self._totals)
+        head = extra.detach().reshape(-1).to(torch.float64)
+        flat = [self._partials[n].reshape(-1).to(head.device, torch.float64) for n in todo]
+        buf = MeshReducer(self.group).sum(torch.cat([head, *flat]))
+        if todo:
+            tail = buf[head.numel() :]
+            self._store(todo, tail, cast=True)
+        summed = buf[: head.numel()].reshape(extra.shape)
+        return summed, {n: self._totals[n] for n in want}
+
+    def _store(self, names: list[str], buf: torch.Tensor, cast: bool = False) -> None:
+        offset = 0
+        for n in names:
+            partial = self._partials[n]
+            total = buf[offset : offset + partial.numel()].reshape(partial.shape)
+            if cast:
+                total = total.to(device=partial.device, dtype=partial.dtype)
+            self._totals[n] = total + self._base[n] if n in self._base else total
+            offset += partial.numel()

@@ -2,9 +2,10 @@
 
 Per call (the integrator's compute stage):
 
-1. one all-reduce of a flag: did any owned atom move more than ``skin / 2`` since
-   the last build? If so, migrate atoms that left their box and rebuild the halo
-   plan (Verlet-style reuse otherwise);
+1. one all-reduce of a flag: did any owned atom move (in the frame that follows
+   the cell) more than half the skin the cell's strain left since the last build
+   (:func:`nvdd.core.skin_exceeded`)? If so, migrate atoms that left their box
+   and rebuild the halo plan (Verlet-style reuse otherwise);
 2. one forward exchange: ghost positions (image shifts from the current cell);
 3. the model on the padded rows, open boundaries, inside the DD context;
 4. consolidation by the spec: forces folded (one reverse exchange), per-system
@@ -34,6 +35,7 @@ from nvdd.core import (
     count_collectives,
     get_world_size,
     raise_if_any_rank,
+    skin_exceeded,
 )
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
@@ -147,6 +149,7 @@ class DistributedModel:
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
+        self._ref_cell: torch.Tensor | None = None
         self._version = 0
         self._whole = False
         self._finite = LazyFiniteCheck()
@@ -300,21 +303,28 @@ class DistributedModel:
 
         **Collective** over the mesh: ONE all-reduce (max) of one small integer
         computed on the atoms' device, then one host read. ``1``: some owned atom
-        moved more than ``skin / 2`` since the last build (always with ``skin ==
-        0``); ``2``: some rank holds a non-finite position, velocity or force
+        moved more than half the skin left since the last build (the cell's
+        strain eats into it; always with ``skin == 0``); ``2``: some rank holds a non-finite position, velocity or force
         (the forces of the previous step): every rank then raises a
         :class:`~nvdd.core.ValidationError` naming the ranks and atoms.
         """
         pos = batch.positions.detach()
-        ref = self._ref_positions
+        ref, ref_cell = self._ref_positions, self._ref_cell
         skin = self.config.skin
-        if ref is None or ref.shape != pos.shape or skin == 0:
+        if ref is None or ref_cell is None or ref.shape != pos.shape or skin == 0:
             moved = torch.ones((), dtype=torch.int32, device=pos.device)
-        elif pos.shape[0] == 0:
-            moved = torch.zeros((), dtype=torch.int32, device=pos.device)
-        else:
-            d2 = ((pos - ref) ** 2).sum(dim=1).amax()
-            moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
+        else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
+            dom = self.sharded.partitioner.domain_cell
+            reach = self.ghost_width - self.config.hysteresis - skin
+            moved = skin_exceeded(
+                pos,
+                ref,
+                batch.system_index,
+                dom(ref_cell),
+                dom(batch.cell),
+                cutoff=reach,
+                skin=skin,
+            ).to(torch.int32)
         code = torch.where(nonfinite_flag(batch) == 0, moved, torch.full_like(moved, 2)).reshape(1)
         if get_world_size(self.sharded.group) > 1:
             code = code.to(comm_device(self.sharded.group))
@@ -367,6 +377,7 @@ class DistributedModel:
         )
         self._plan = plan
         self._ref_positions = local.positions.detach().clone()
+        self._ref_cell = local.cell.detach().clone()
         self._version += 1
         self.stats.rebuilds += 1
         self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost

@@ -172,7 +172,7 @@ class DomainParallel:
         dyn = self.dynamics
         dyn.attach_state(sharded)  # the integrator's batch IS the sharded batch from now on
         dyn.force_provider = self.model
-        dyn.reducer = MeshReducer(self.group)
+        dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
         dyn.hook_runner = self._run_hooks
         dyn._forces_ready = False
         return sharded

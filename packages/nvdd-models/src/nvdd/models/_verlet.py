@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvdd.core import skin_exceeded
 from nvdd.models._checks import check_geometry, check_positive, check_receivers, fail
 from nvdd.models._neighbors import EdgeList, NeighborList
 
@@ -30,10 +31,16 @@ class VerletList:
 
     The candidate list is rebuilt when any of these holds, else reused:
 
-    - some atom moved more than ``skin / 2`` since the last build (then a pair
-      inside ``cutoff`` now may have been outside ``cutoff + skin`` then);
-    - the number of rows, the atom ids, ``system_index``, ``pbc``, the cell,
-      ``n_receivers``, the dtype or the device changed;
+    - some atom moved more than half the skin left since the last build (then a
+      pair inside ``cutoff`` now may have been outside ``cutoff + skin`` then).
+      Displacements are measured in the frame that follows the cell and a
+      strain of the cell eats into the skin (:func:`nvdd.core.skin_exceeded`),
+      so a barostat that scales positions with the cell does not force a
+      rebuild every step, and a cell change never goes unnoticed; with an
+      unchanged cell this is "moved more than ``skin / 2``";
+    - the number of rows, the atom ids, ``system_index``, ``pbc``,
+      ``n_receivers``, the dtype or the device changed, or a singular cell
+      (open boundaries) changed;
     - the caller's ``topology`` token changed (the models pass one that changes
       whenever a domain-decomposition halo plan is rebuilt).
 
@@ -178,11 +185,7 @@ class VerletList:
             or (ref.atom_ids is None) != (atom_ids is None)
         ):
             return True
-        if not (
-            torch.equal(ref.cell, cell)
-            and torch.equal(ref.pbc, pbc)
-            and torch.equal(ref.system_index, system_index)
-        ):
+        if not (torch.equal(ref.pbc, pbc) and torch.equal(ref.system_index, system_index)):
             return True
         if (
             atom_ids is not None
@@ -192,6 +195,14 @@ class VerletList:
             return True
         if positions.shape[0] == 0:
             return False
-        moved2 = ((positions - ref.positions) ** 2).sum(dim=1).max()
-        # not (d2 <= threshold): a NaN displacement rebuilds (and the build raises)
-        return not bool(moved2 <= (0.5 * self._skin) ** 2)
+        exceeded = skin_exceeded(
+            positions,
+            ref.positions,
+            system_index,
+            ref.cell,
+            cell.detach(),
+            cutoff=self._cutoff,
+            skin=self._skin,
+        )
+        # a NaN displacement never exceeds a threshold: rebuild (and the build raises)
+        return bool(exceeded | ~torch.isfinite(positions).all())

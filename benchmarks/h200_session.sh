@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One measurement call on the H200 device host (see docs/benchmarks.md).
+# Usage (repository root, after the warp parts were installed into /tmp/site):
+#   bash benchmarks/h200_session.sh PHASE OUTDIR
+# PHASE: lj (GPU tests, NCCL suite at 1 rank, LJ vs the peer, largest LJ),
+#        models (MPNN, MACE, PME, ensembles, compile), or a single benchmark name.
+set -uo pipefail
+phase="${1:-lj}"
+out="${2:-/tmp/nvdd-h200}"
+mkdir -p "$out"
+if [ -d .whl ] && [ ! -f /tmp/site/.nvdd-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.nvdd-wheels
+fi
+export PYTHONPATH="/tmp/site:$(ls -d "$PWD"/packages/*/src | tr '\n' ':')"
+export PYTHONUNBUFFERED=1 WARP_CACHE_PATH=/tmp/warp-cache
+step() { echo; echo "=== $* ($(date +%T))"; }
+quiet() { grep -v -i "^warp \|^module \|kernel cache\|cuda toolkit\|devices:\|\"cuda:0\"\|\"cpu\"\|/tmp/warp-cache"; }
+case "$phase" in
+lj)
+  step "device"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, warp, vesin, nvalchemiops; print('torch', torch.__version__, 'warp', warp.__version__)" 2>&1 | quiet
+  step "GPU tests (-m gpu --require-gpu)"
+  timeout 240 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    -x packages/nvdd-models/tests packages/nvdd-halo/tests packages/nvdd-dynamics/tests 2>&1 | tail -6
+  step "NCCL integration suite, 1 rank, fp64 + fp32"
+  timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
+    integration_tests/multigpu_suite.py --allow-single --dtype both 2>&1 | grep -E "PASS|FAIL|scenarios|Error|error"
+  step "LJ: nvdd vs the nvalchemi-toolkit-ops peer loop (same system, same run)"
+  timeout 400 python3 benchmarks/bench_dp.py --device cuda --cells 32 63 100 --dtype float32 float64 \
+    --steps 100 --warmup 20 --worlds 1 --json "$out/peer.json" 2>&1 | quiet
+  ;;
+largest)
+  step "largest LJ fp32 on one GPU"
+  timeout 500 python3 benchmarks/bench_dp.py --device cuda --largest --dtype float32 --start-cells 150 \
+    --json "$out/largest.json" 2>&1 | quiet
+  ;;
+mpnn)
+  step "reference MPNN, 97,556 and 389,344 atoms, fp32: raw and DomainParallel at 1 GPU"
+  timeout 400 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 29 46 --dtype float32 \
+    --steps 30 --warmup 5 --worlds 1 --json "$out/mpnn.json" 2>&1 | quiet
+  ;;
+*)
+  step "$phase"
+  shift 2
+  timeout 550 python3 "benchmarks/$phase.py" "$@" 2>&1 | quiet
+  ;;
+esac
+step "done"

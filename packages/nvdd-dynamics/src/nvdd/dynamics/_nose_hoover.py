@@ -1,0 +1,312 @@
+"""Nose-Hoover chains: the thermostat (and barostat-thermostat) of NVT and NPT.
+
+The chain equations are those of Martyna, Klein and Tuckerman (J. Chem. Phys. 97,
+2635, 1992); the integrator is the time-reversible Trotter factorisation with
+Suzuki-Yoshida sub-steps of Tuckerman et al. (J. Phys. A 39, 5629, 2006). Every
+system of a batch has its own chain. Chain variables are global (one value per
+system, identical on every rank): they are driven only by sums that come out of
+the integrator's one reduction per step, so a domain-decomposed run integrates
+exactly the chain of the single-process run.
+
+Global state lives on the host in float64 NumPy arrays: a chain sweep is a few
+hundred operations on arrays of a few numbers, which cost microseconds on the
+host but a kernel launch each on a GPU. The step's one reduction is copied to
+the host once (one synchronisation per step); per-atom work stays on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
+from nvdd.dynamics._hooks import Hook
+
+if TYPE_CHECKING:
+    from nvdd.dynamics._base import Reducer
+
+__all__ = ["NoseHooverChain", "NoseHooverNVT", "StepSums", "step_sums"]
+
+Array = npt.NDArray[np.float64]
+
+_W = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
+#: Weights of the fourth-order Suzuki-Yoshida composition (three stages).
+SUZUKI_YOSHIDA_4 = (_W, 1.0 - 2.0 * _W, _W)
+
+
+def host(x: Any) -> Array:
+    """``x`` (a tensor on any device, an array or numbers) as a float64 host array."""
+    if isinstance(x, torch.Tensor):
+        return np.asarray(x.detach().to(device="cpu", dtype=torch.float64).numpy())
+    return np.asarray(x, dtype=np.float64)
+
+
+class NoseHooverChain:
+    """One Nose-Hoover chain per system, acting on a set of momenta.
+
+    The first link couples to twice the kinetic energy ``k2`` of the momenta it
+    thermostats (``n_dof`` degrees of freedom); link ``j > 1`` couples to the
+    kinetic energy of link ``j - 1``. :meth:`propagate` advances the chain and
+    returns the factor by which those momenta are scaled. State and arithmetic
+    are float64 on the host.
+
+    Parameters
+    ----------
+    n_dof:
+        Shape ``(n_systems,)``: degrees of freedom the chain heats.
+    kT:
+        Target temperature times Boltzmann's constant (eV).
+    masses:
+        Shape ``(n_systems, length)``: the links' masses (eV * time**2).
+    n_loops:
+        Sub-steps per call (each a Suzuki-Yoshida composition).
+
+    Attributes
+    ----------
+    xi, p_xi:
+        float64 arrays, shape ``(n_systems, length)``: positions and momenta of
+        the links.
+    """
+
+    def __init__(self, n_dof: Any, kT: float, masses: Any, n_loops: int = 1) -> None:
+        dof, q = host(n_dof), host(masses)
+        if q.ndim != 2 or dof.shape != (q.shape[0],) or q.shape[1] < 1:
+            raise ConfigurationError(
+                f"chain masses have shape {q.shape}, expected ({dof.shape[0]}, length >= 1)"
+            )
+        if not bool((q > 0).all()) or not kT > 0:
+            raise ConfigurationError(
+                f"a Nose-Hoover chain needs kT > 0 (got {kT}) and positive masses "
+                f"(got {q.tolist()})"
+            )
+        if n_loops < 1:
+            raise ConfigurationError(f"n_loops must be >= 1, got {n_loops}")
+        self.n_dof, self.kT, self.masses, self.n_loops = dof, float(kT), q, int(n_loops)
+        self.xi: Array = np.zeros_like(q)
+        self.p_xi: Array = np.zeros_like(q)
+
+    @property
+    def length(self) -> int:
+        """Links per chain."""
+        return int(self.masses.shape[1])
+
+    def energy(self) -> Array:
+        """The chain's share of the conserved energy, shape ``(n_systems,)``:
+        ``sum p**2 / 2Q + n_dof kT xi_1 + kT sum_{j>1} xi_j``."""
+        kinetic = (0.5 * self.p_xi * self.p_xi / self.masses).sum(axis=1)
+        out: Array = kinetic + self.n_dof * self.kT * self.xi[:, 0]
+        out += self.kT * self.xi[:, 1:].sum(axis=1)
+        return out
+
+    def propagate(self, k2: Any, dt: float) -> Array:
+        """Advance the chains by ``dt`` (ASE time units) against momenta whose twice
+        kinetic energy is ``k2`` (shape ``(n_systems,)``).
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, shape ``(n_systems,)``: multiply the momenta by it (their
+            ``k2`` becomes ``k2 * factor**2``).
+        """
+        k2 = host(k2).copy()
+        scale: Array = np.ones_like(k2)
+        for _ in range(self.n_loops):
+            for w in SUZUKI_YOSHIDA_4:
+                factor = self._substep(k2, w * dt / self.n_loops)
+                scale *= factor
+                k2 *= factor * factor
+        return scale
+
+    def _kick(self, j: int, k2: Array, d: float) -> None:
+        p, q = self.p_xi, self.masses
+        if j == 0:
+            force = k2 - self.n_dof * self.kT
+        else:
+            force = p[:, j - 1] * p[:, j - 1] / q[:, j - 1] - self.kT
+        if j + 1 < self.length:
+            damp = np.exp(-0.25 * d * p[:, j + 1] / q[:, j + 1])
+            p[:, j] = (p[:, j] * damp + 0.5 * d * force) * damp
+        else:
+            p[:, j] += 0.5 * d * force
+
+    def _substep(self, k2: Array, d: float) -> Array:
+        for j in reversed(range(self.length)):
+            self._kick(j, k2, d)
+        self.xi += d * self.p_xi / self.masses
+        factor: Array = np.exp(-d * self.p_xi[:, 0] / self.masses[:, 0])
+        k2_new = k2 * factor * factor
+        for j in range(self.length):
+            self._kick(j, k2_new, d)
+        return factor
+
+
+class StepSums:
+    """What an integrator's one reduction per step returns (global, per system).
+
+    Attributes
+    ----------
+    counts:
+        float64 host array ``(n_systems,)``: atoms per system.
+    kinetic:
+        float64 host array ``(n_systems, 3, 3)``: ``sum m v (x) v`` (twice the
+        kinetic tensor).
+    totals:
+        The model's per-system totals asked for (``energy``, ``stress``) that
+        exist, as tensors on the batch's device.
+    """
+
+    def __init__(self, counts: Array, kinetic: Array, totals: dict[str, torch.Tensor]) -> None:
+        self.counts, self.kinetic, self.totals = counts, kinetic, totals
+
+    @property
+    def k2(self) -> Array:
+        """Twice the kinetic energy per system, shape ``(n_systems,)``."""
+        out: Array = np.trace(self.kinetic, axis1=1, axis2=2)
+        return out
+
+
+def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
+    """Atom counts, ``sum m v (x) v`` and the model totals ``names``, per system.
+
+    One call of ``dyn.reducer.sum_with_totals``: under DD **Collective** over the
+    mesh (one all-reduce that also completes the pending per-system partials).
+    The counts and kinetic tensor are copied to the host (one synchronisation).
+    """
+    b = dyn.batch
+    n_sys = b.n_systems
+    v = b.velocities.to(torch.float64)
+    outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
+    ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
+    local = torch.zeros(n_sys, 10, dtype=torch.float64, device=b.device)
+    local = local.index_add(0, b.system_index, torch.cat([ones, outer.reshape(-1, 9)], 1))
+    reducer: Reducer = dyn.reducer
+    summed, totals = reducer.sum_with_totals(local, names, dyn.outputs)
+    flat = host(summed)
+    return StepSums(flat[:, 0].copy(), flat[:, 1:].reshape(n_sys, 3, 3).copy(), totals)
+
+
+def per_atom(values: Array, batch: Batch) -> torch.Tensor:
+    """A per-system host factor ``(n_systems,)`` as a per-atom column
+    ``(n_atoms, 1)`` on the batch's device and in its dtype."""
+    t = torch.as_tensor(values, dtype=batch.dtype).to(batch.device, non_blocking=True)
+    return t.index_select(0, batch.system_index)[:, None]
+
+
+class NoseHooverNVT(BaseDynamics):
+    """Canonical (NVT) dynamics with a Nose-Hoover chain thermostat per system.
+
+    One step: chain (dt/2), half kick, drift | forces | half kick, chain (dt/2).
+    Degrees of freedom ``3 N`` per system (as ASE). The only global quantities,
+    the atom count and kinetic energy, come from one reduction per step (plus one
+    at the first step), which also completes the energy for
+    :meth:`conserved_energy`.
+
+    Parameters
+    ----------
+    temperature_K:
+        Target temperature, > 0.
+    tau_fs:
+        Thermostat time scale (fs); default ``100 * dt_fs``.
+    chain_length:
+        Links per chain (>= 1; default 3).
+    n_loops:
+        Thermostat sub-steps per half step (default 1).
+    """
+
+    def __init__(
+        self,
+        model: Callable[[Batch], ModelOutputs],
+        batch: Batch,
+        *,
+        dt_fs: float = 1.0,
+        temperature_K: float,
+        tau_fs: float | None = None,
+        chain_length: int = 3,
+        n_loops: int = 1,
+        hooks: Iterable[Hook] = (),
+    ) -> None:
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        tau = 100.0 * dt_fs if tau_fs is None else tau_fs
+        if not temperature_K > 0 or not tau > 0:
+            raise ConfigurationError(
+                f"NoseHooverNVT needs temperature_K > 0 and tau_fs > 0, got {temperature_K!r} "
+                f"and {tau_fs!r}"
+            )
+        if chain_length < 1 or n_loops < 1:
+            raise ConfigurationError(
+                f"chain_length and n_loops must be >= 1, got {chain_length} and {n_loops}"
+            )
+        self.temperature_K = float(temperature_K)
+        self.tau_fs = float(tau)
+        self.chain_length, self.n_loops = int(chain_length), int(n_loops)
+        self.chain: NoseHooverChain | None = None
+        self._k2: Array | None = None
+        self._energy: Array | None = None
+
+    @property
+    def kT(self) -> float:
+        """Target ``k_B T`` in eV."""
+        return KB_EV_PER_K * self.temperature_K
+
+    def _reduce(self) -> StepSums:
+        sums = step_sums(self, ("energy",))
+        energy = sums.totals.get("energy")
+        self._energy = None if energy is None else host(energy)
+        if energy is not None:
+            self.batch = self.batch.replace(energy=energy.to(self.batch.dtype))
+        return sums
+
+    def _start(self) -> Array:
+        sums = self._reduce()
+        if not bool((sums.counts > 0).all()):
+            raise ValidationError(f"every system needs atoms; counts are {sums.counts.tolist()}")
+        n_dof = 3.0 * sums.counts
+        tau = self.tau_fs * ASE_TIME_PER_FS
+        q = np.full((n_dof.shape[0], self.chain_length), self.kT * tau * tau)
+        q[:, 0] *= n_dof
+        self.chain = NoseHooverChain(n_dof, self.kT, q, self.n_loops)
+        return sums.k2
+
+    def _thermostat(self, k2: Array) -> None:
+        assert self.chain is not None
+        scale = self.chain.propagate(k2, 0.5 * self.dt)
+        self._k2 = k2 * scale * scale
+        b = self.batch
+        self.batch = b.replace(velocities=b.velocities * per_atom(scale, b))
+
+    def pre_update(self) -> None:
+        k2 = self._start() if self._k2 is None else self._k2
+        self._thermostat(k2)
+        b = self.batch
+        v = b.velocities + 0.5 * self.dt * b.forces / b.masses[:, None]
+        self.batch = b.replace(velocities=v, positions=b.positions + self.dt * v)
+
+    def post_update(self) -> None:
+        b = self.batch
+        self.batch = b.replace(
+            velocities=b.velocities + 0.5 * self.dt * b.forces / b.masses[:, None]
+        )
+        self._thermostat(self._reduce().k2)
+
+    def conserved_energy(self) -> torch.Tensor:
+        """The extended energy ``E_pot + E_kin + chain`` per system (float64, on the
+        host), which the dynamics conserves; no communication (uses the last
+        step's sums).
+
+        Raises
+        ------
+        ValidationError
+            Before the first step, or if the model returns no energy.
+        """
+        if self.chain is None or self._k2 is None:
+            raise ValidationError("conserved_energy: take a step first")
+        if self._energy is None:
+            raise ValidationError(
+                f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
+            )
+        return torch.from_numpy(self._energy + 0.5 * self._k2 + self.chain.energy())
