@@ -5,6 +5,10 @@
   searched by vesin; the Verlet list keeps a skin and rebuilds only when needed.
 - :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces.
 - :class:`ReferenceMPNN`: a small deterministic message-passing network.
+- :class:`Ewald` / :class:`ParticleMeshEwald`: electrostatics of per-atom charges
+  (``atom_extras["charges"]``, :func:`assign_charges`) on nvalchemi-toolkit-ops
+  kernels (extra ``nvdd-models[longrange]``); under DD the reciprocal term is
+  combined across ranks by one all-reduce (structure factors / charge mesh).
 
 Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
 ``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO``, and inside a live DD context
@@ -13,21 +17,35 @@ Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
 """
 
 from nvdd.models.__about__ import __version__
+from nvdd.models._charges import CHARGES, assign_charges
+from nvdd.models._coulomb_config import COULOMB_EV_A, EwaldConfig, PMEConfig
+from nvdd.models._dftd3 import DFTD3, D3Config
+from nvdd.models._ewald import Ewald
 from nvdd.models._lj import LennardJones
 from nvdd.models._lj_config import ForceMode, LJConfig, MixingRule
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
+from nvdd.models._pme import ParticleMeshEwald
 from nvdd.models._verlet import VerletList
 
 __all__ = [
+    "CHARGES",
+    "COULOMB_EV_A",
+    "D3Config",
+    "DFTD3",
     "EdgeList",
+    "Ewald",
+    "EwaldConfig",
     "ForceMode",
     "LJConfig",
     "LennardJones",
     "MPNNConfig",
     "MixingRule",
     "NeighborList",
+    "PMEConfig",
+    "ParticleMeshEwald",
     "ReferenceMPNN",
     "VerletList",
+    "assign_charges",
     "__version__",
 ]
