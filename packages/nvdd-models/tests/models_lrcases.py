@@ -83,6 +83,7 @@ def lr_batch(system: str, shift: float = 0.0) -> Batch:
     cell = NACL_A * (np.array(_TRI) if tri else 2.0 * np.eye(3))
     rng = np.random.default_rng(7)
     pos = frac @ cell + jitter * rng.standard_normal(frac.shape)
+    pos = (pos @ np.linalg.inv(cell) % 1.0) @ cell  # wrapped, as the runtime keeps them
     n = len(pos)
     g = torch.Generator().manual_seed(11)
     direction = torch.randn(n, 3, generator=g, dtype=torch.float64)

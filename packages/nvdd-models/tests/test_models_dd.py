@@ -133,17 +133,11 @@ def test_mpnn_on_its_own_periodic_images_equals_the_periodic_model(
 
 def test_mpnn_without_the_per_layer_fold_would_be_wrong() -> None:
     """The same two-layer run with ghost features left stale differs: the fold matters."""
-    from nvdd.models import _mpnn
-
     full = _mpnn_system()
     model = make_model("mpnn", layers=2)
     reference = model(full)
-    original = _mpnn.scatter_to_owners
-    _mpnn.scatter_to_owners = lambda x: x  # type: ignore[assignment]
-    try:
-        out, _, _ = _self_image_run(model, full, model.cutoff)
-    finally:
-        _mpnn.scatter_to_owners = original
+    model._exchange = None  # what the spec's scatter mode selects, removed
+    out, _, _ = _self_image_run(model, full, model.cutoff)
     assert float((out["energy"] - reference["energy"]).abs().max()) > 1e-4
 
 

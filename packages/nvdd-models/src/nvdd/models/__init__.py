@@ -25,6 +25,7 @@ from nvdd.models._lj import LennardJones
 from nvdd.models._lj_config import ForceMode, LJConfig, MixingRule
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
+from nvdd.models._pipeline import PipelineModel
 from nvdd.models._pme import ParticleMeshEwald
 from nvdd.models._verlet import VerletList
 
@@ -44,6 +45,7 @@ __all__ = [
     "NeighborList",
     "PMEConfig",
     "ParticleMeshEwald",
+    "PipelineModel",
     "ReferenceMPNN",
     "VerletList",
     "assign_charges",

@@ -34,6 +34,7 @@ gradient of ghost features back to the ranks owning them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,18 +42,16 @@ from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
-from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._species import species_table
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import Scope, ShardTensor, scatter_to_owners
-from nvdd.spec import SPEC_MPNN_HALO
+from nvdd.shardtensor import ShardTensor, scatter_to_owners
+from nvdd.spec import SPEC_MPNN_HALO, MLIPSpec
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
 
-#: ``Scope.OWNED``: the energy of ``SPEC_MPNN_HALO`` is replicated on every rank.
-_ENERGY_SCOPE: Scope = energy_scope(SPEC_MPNN_HALO)
 
 
 @dataclass(frozen=True)
@@ -117,17 +116,19 @@ class _MessageLayer(torch.nn.Module):
         radial: torch.Tensor,
         receivers: torch.Tensor,
         senders: torch.Tensor,
+        exchange: Callable[[torch.Tensor], torch.Tensor] | None = scatter_to_owners,
     ) -> torch.Tensor:
         """``h`` ``(n_atoms, F)``, ``radial`` ``(n_edges, K)`` -> new ``h``.
 
-        **Collective** under a live DD context (one fold of the aggregated
-        messages over the layout's group; every rank runs every layer).
+        **Collective** under a live DD context (``exchange``, chosen by the spec's
+        ``options.scatter``, of the aggregated messages over the layout's group;
+        every rank runs every layer).
         """
         weights = self.filter_out(silu(self.filter_in(radial)))
         messages = weights * self.sender(h).index_select(0, senders)
         aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
-        if not isinstance(aggregated, ShardTensor):  # a ShardTensor's scatter folded already
-            aggregated = scatter_to_owners(aggregated)
+        if exchange is not None and not isinstance(aggregated, ShardTensor):
+            aggregated = exchange(aggregated)  # a ShardTensor's scatter folded already
         update: torch.Tensor = self.update_out(silu(self.update_in(torch.cat([h, aggregated], 1))))
         return h + update
 
@@ -148,6 +149,12 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         the same seed agree to float32 rounding.
     device:
         Parameter device.
+    spec:
+        Replaces ``SPEC_MPNN_HALO``; its ``options.scatter`` selects the per-layer
+        exchange of aggregated messages: ``FOLD`` (``scatter_to_owners``, two
+        exchanges per layer) or ``LOCAL`` (``refresh_neighbors``, one: exact too,
+        since receivers are owned rows); ``NONE`` only for one layer. Its energy
+        declaration must stay replicated (``Reduce.OWNED_ONLY``).
 
     Attributes
     ----------
@@ -172,8 +179,10 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         *,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
+        spec: MLIPSpec | None = None,
     ) -> None:
         super().__init__()
+        self._spec = spec
         if dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self._config = config = config if config is not None else MPNNConfig()
@@ -190,6 +199,12 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self.to(dtype=dtype, device=device)
         self.neighbors = VerletList(config.cutoff, config.skin)
         self._dd_gate = InputGate()
+        self._exchange = per_atom_exchange(self.distribution_spec())
+        if self._exchange is None and config.n_layers > 1:
+            raise config_error(
+                f"ReferenceMPNN with {config.n_layers} layers needs a per-layer exchange of ghost "
+                "features: its spec's options.scatter must be FOLD or LOCAL, got NONE"
+            )
 
     def _initialise(self, seed: int) -> None:
         """Draw every parameter from one generator, in registration order."""
@@ -245,7 +260,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
         h = self.embedding.index_select(0, rows)
         for layer in self.layers:
-            h = layer(h, radial, edges.receivers, edges.senders)
+            h = layer(h, radial, edges.receivers, edges.senders, self._exchange)
         energies: torch.Tensor = self.readout_out(silu(self.readout_in(h))).squeeze(1)
         return energies + self.species_energy.index_select(0, rows)
 
@@ -309,7 +324,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             edges,
             n_receivers,
             compute_stress=compute_stress,
-            energy_scope=_ENERGY_SCOPE,
+            energy_scope=energy_scope(self.distribution_spec()),
             create_graph=create_graph,
         )
 
