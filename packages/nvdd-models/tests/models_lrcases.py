@@ -11,8 +11,10 @@ and the single-process oracle build the same systems.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -56,7 +58,7 @@ def _rocksalt(cells: int) -> tuple[np.ndarray, np.ndarray]:
     frac, z = [], []
     for ijk in itertools.product(range(cells), repeat=3):
         for b in fcc:
-            frac += [(b + ijk) / cells, (b + [0.5, 0.0, 0.0] + ijk) / cells]
+            frac += [(b + ijk) / cells, (b + np.array([0.5, 0.0, 0.0]) + ijk) / cells]
             z += [11, 17]
     return np.array(frac) % 1.0, np.array(z)
 
@@ -124,6 +126,30 @@ def boxes(world: int, grid: tuple[int, int, int]) -> torch.Tensor:
     return torch.tensor([out], dtype=torch.float64)
 
 
+def _count_collectives() -> tuple[list[int], list[int]]:
+    return [], [0]
+
+
+@contextlib.contextmanager
+def _counting(sizes: list[int], a2a: list[int]) -> Iterator[None]:
+    """Record all_reduce payload sizes and count all_to_all_single calls."""
+    orig_ar, orig_a2a = dist.all_reduce, dist.all_to_all_single
+
+    def ar(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+        sizes.append(t.numel())
+        return orig_ar(t, *a, **k)
+
+    def a2(*a: Any, **k: Any) -> Any:
+        a2a[0] += 1
+        return orig_a2a(*a, **k)
+
+    dist.all_reduce, dist.all_to_all_single = ar, a2  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dist.all_reduce, dist.all_to_all_single = orig_ar, orig_a2a  # type: ignore[assignment]
+
+
 def run_lr(
     kind: str,
     case: str,
@@ -164,25 +190,10 @@ def run_lr(
             atom_extras={CHARGES: torch.cat([q, plan.forward(q)])},
             validate=False,
         )
-        sizes: list[int] = []
-        a2a = [0]
-        orig_ar, orig_a2a = dist.all_reduce, dist.all_to_all_single
-
-        def ar(t: torch.Tensor, *a: Any, **k: Any) -> Any:
-            sizes.append(t.numel())
-            return orig_ar(t, *a, **k)
-
-        def a2(*a: Any, **k: Any) -> Any:
-            a2a[0] += 1
-            return orig_a2a(*a, **k)
-
+        sizes, a2a = _count_collectives()
         ctx = DDContext(layout=plan, positions=padded.positions, topology_version=version)
-        dist.all_reduce, dist.all_to_all_single = ar, a2  # type: ignore[assignment]
-        try:
-            with dd_scope(ctx):
-                out = model(padded)
-        finally:
-            dist.all_reduce, dist.all_to_all_single = orig_ar, orig_a2a  # type: ignore[assignment]
+        with dd_scope(ctx), _counting(sizes, a2a):
+            out = model(padded)
         n = plan.n_owned
         f = out["forces"].detach()
         totals = {}

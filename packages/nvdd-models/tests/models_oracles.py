@@ -26,7 +26,6 @@ def direct_ewald(
     converged ``rc`` / ``kc`` the result does not depend on ``alpha``, which the
     tests use to make the check independent of the model's splitting.
     """
-    n = len(pos)
     inv = np.linalg.inv(cell)
     volume = abs(np.linalg.det(cell))
     heights = 1.0 / np.linalg.norm(inv, axis=0)

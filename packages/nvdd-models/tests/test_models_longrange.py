@@ -138,7 +138,9 @@ def test_dftd3_equals_tad_dftd3_open_and_periodic() -> None:
 
     bohr, hartree = 1.8897261254578281, 27.211386019495706
     config = D3Config.from_functional("pbe", cutoff=6.0, cn_cutoff=5.0)
-    params = {k: torch.tensor(getattr(config, k), dtype=torch.float64) for k in ("a1", "a2", "s8", "s6")}
+    params = {
+        k: torch.tensor(getattr(config, k), dtype=torch.float64) for k in ("a1", "a2", "s8", "s6")
+    }
     cutoff = Cutoff(cn=5.0 * bohr, disp2=6.0 * bohr, disp3=1.0, dtype=torch.float64)
     model = DFTD3(config)
     # Open boundaries: tad-dftd3 directly.
@@ -155,7 +157,9 @@ def test_dftd3_equals_tad_dftd3_open_and_periodic() -> None:
     # Periodic: the central cell's atom energies among explicit images (padding
     # >= cutoff + cn_cutoff, so every central pair and every CN it reads is complete).
     config = D3Config.from_functional("pbe", cutoff=4.0, cn_cutoff=3.0)
-    params = {k: torch.tensor(getattr(config, k), dtype=torch.float64) for k in ("a1", "a2", "s8", "s6")}
+    params = {
+        k: torch.tensor(getattr(config, k), dtype=torch.float64) for k in ("a1", "a2", "s8", "s6")
+    }
     cutoff = Cutoff(cn=3.0 * bohr, disp2=4.0 * bohr, disp3=1.0, dtype=torch.float64)
     model = DFTD3(config)
     batch = lr_batch("liquid-tri")
@@ -197,7 +201,7 @@ def test_specs_must_name_the_methods_coupling() -> None:
     with pytest.raises(ConfigurationError, match=r"min\(cutoff, cn_cutoff\) = 6.0"):
         DFTD3(D3Config.from_functional("pbe", cutoff=6.0, cn_cutoff=7.0),
               spec=SPEC_DFTD3_HALO.replace(options=wide))  # fmt: skip
-    with pytest.raises(ConfigurationError, match="no D3.BJ. parameters for functional 'nope'"):
+    with pytest.raises(ConfigurationError, match=r"no D3\(BJ\) parameters for functional 'nope'"):
         D3Config.from_functional("nope")
 
 

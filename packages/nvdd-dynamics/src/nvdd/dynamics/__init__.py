@@ -15,8 +15,8 @@ from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, c
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._domain_parallel import DomainParallel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
-from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
+from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
 

@@ -19,8 +19,8 @@ from nvdd.dynamics._base import BaseDynamics, Reducer, _run_hooks_locally
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats
-from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.partition import BalanceMode, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
 

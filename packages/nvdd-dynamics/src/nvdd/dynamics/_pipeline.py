@@ -94,7 +94,12 @@ class DistributedPipelineModel(DistributedModel):
     """
 
     def __init__(
-        self, models: Sequence[Any] | Any, config: DomainConfig, *, pipeline: Any = None, **kwargs: Any
+        self,
+        models: Sequence[Any] | Any,
+        config: DomainConfig,
+        *,
+        pipeline: Any = None,
+        **kwargs: Any,
     ) -> None:
         parts = pipeline_components(models)
         if parts is not None:
@@ -107,8 +112,13 @@ class DistributedPipelineModel(DistributedModel):
         merged = specs[0]
         for s in specs[1:]:
             merged = merged | s
-        reach = max(float(getattr(m, "cutoff", 0.0)) + s.options.extra_ghost_width for m, s in self.components)
-        options = dataclasses.replace(merged.options, extra_ghost_width=max(0.0, reach - config.cutoff))
+        reach = max(
+            float(getattr(m, "cutoff", 0.0)) + s.options.extra_ghost_width
+            for m, s in self.components
+        )
+        options = dataclasses.replace(
+            merged.options, extra_ghost_width=max(0.0, reach - config.cutoff)
+        )
         merged = merged.replace(options=options)
         self.pipeline = pipeline
         super().__init__(_Components(models, pipeline), config, spec=merged, **kwargs)
@@ -126,7 +136,10 @@ class DistributedPipelineModel(DistributedModel):
             autograd = spec.force_strategy is ForceStrategy.AUTOGRAD
             leaf = padded.detach().requires_grad_(autograd)
             batch = static.replace(positions=leaf, cell=local.cell)
-            with dd_scope(self._context(plan, leaf)), torch.set_grad_enabled(autograd or torch.is_grad_enabled()):
+            with (
+                dd_scope(self._context(plan, leaf)),
+                torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
+            ):
                 raw = dict(model(batch))
             f_padded = f_padded + _padded_forces(model, spec, raw, leaf)
             final, partial = consolidate(
@@ -169,7 +182,8 @@ def _padded_forces(
             f"{type(model).__name__}: forces have shape {tuple(f.shape)}, expected the padded "
             f"rows {tuple(leaf.shape)}"
         )
-    return f.detach()
+    out: torch.Tensor = f.detach()
+    return out
 
 
 class _Components:

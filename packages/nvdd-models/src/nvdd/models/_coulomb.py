@@ -27,6 +27,7 @@ owned rows, forces ``-dE_local/dx`` on every row (the runtime folds ghost rows).
 from __future__ import annotations
 
 import math
+
 import torch
 
 from nvdd.core import Batch, ModelOutputs, get_rank

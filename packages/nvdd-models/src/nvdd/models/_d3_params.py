@@ -24,7 +24,14 @@ import torch
 
 from nvdd.core import OptionalDependencyError
 
-__all__ = ["ANGSTROM_TO_BOHR", "D3Tables", "HARTREE_TO_EV", "MAX_Z_D3", "d3_tables", "functional_bj"]
+__all__ = [
+    "ANGSTROM_TO_BOHR",
+    "D3Tables",
+    "HARTREE_TO_EV",
+    "MAX_Z_D3",
+    "d3_tables",
+    "functional_bj",
+]
 
 #: Conversion factors used by tad-dftd3 / tad-mctc (CODATA 2018).
 ANGSTROM_TO_BOHR = 1.8897261254578281
@@ -37,7 +44,9 @@ def _tad(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise OptionalDependencyError("tad-dftd3", "DFT-D3", extra="nvdd-models[longrange]") from exc
+        raise OptionalDependencyError(
+            "tad-dftd3", "DFT-D3", extra="nvdd-models[longrange]"
+        ) from exc
 
 
 @dataclass(frozen=True)

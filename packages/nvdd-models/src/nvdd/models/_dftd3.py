@@ -182,14 +182,16 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         """Normalised reference weights, shape ``(n, 7)``."""
         ref = self.ref_cn.to(cn.dtype).index_select(0, z)
         valid = ref >= 0
-        raw = torch.where(valid, torch.exp(-_K3 * (ref - cn.unsqueeze(1)) ** 2), torch.zeros_like(ref))
+        raw = torch.where(
+            valid, torch.exp(-_K3 * (ref - cn.unsqueeze(1)) ** 2), torch.zeros_like(ref)
+        )
         norm = raw.sum(1, keepdim=True)
         ok = norm > 0
         w = raw / torch.where(ok, norm, torch.ones_like(norm))
         largest = (ref == ref.max(1, keepdim=True).values) & valid
         return torch.where(ok, w, largest.to(cn.dtype))
 
-    def atom_energies(
+    def dispersion_energies(
         self,
         positions: torch.Tensor,
         cell: torch.Tensor,
@@ -276,7 +278,7 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         )
         z = batch.atomic_numbers
         return outputs_by_autograd(
-            lambda pos, cell: self.atom_energies(
+            lambda pos, cell: self.dispersion_energies(
                 pos, cell, z, batch.system_index, edges, n_receivers
             ),
             batch.positions,

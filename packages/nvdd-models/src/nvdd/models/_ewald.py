@@ -55,13 +55,14 @@ def ewald_k_vectors(cell: torch.Tensor, k_cutoff: float) -> torch.Tensor:
     recip = 2.0 * math.pi * torch.linalg.inv(c64).T  # rows: reciprocal vectors b_i
     # |n_i| <= k_cutoff |a_i| / 2 pi bounds every vector inside the sphere.
     lengths = torch.linalg.norm(c64, dim=1).tolist()
-    bounds = [int(math.floor(k_cutoff * length / (2.0 * math.pi))) for length in lengths]
+    bounds = [math.floor(k_cutoff * length / (2.0 * math.pi)) for length in lengths]
     axes = [torch.arange(-b, b + 1, dtype=torch.float64, device=cell.device) for b in bounds]
     n = torch.cartesian_prod(*axes).reshape(-1, 3)
     first = torch.where(n[:, 0] != 0, n[:, 0], torch.where(n[:, 1] != 0, n[:, 1], n[:, 2]))
     k = n @ recip
     keep = (first > 0) & ((k * k).sum(1) <= k_cutoff * k_cutoff)
-    return k[keep].to(cell.dtype)
+    out: torch.Tensor = k[keep].to(cell.dtype)
+    return out
 
 
 class Ewald(CoulombModel):
@@ -171,7 +172,7 @@ class Ewald(CoulombModel):
                 phases.append((cos, sin))
                 partial += [s_re, s_im, q.to(torch.float64).sum().reshape(1)]
         sizes = [t.numel() for t in partial]
-        total = self._reduce(torch.cat(partial)).split(sizes)
+        total = torch.split(self._reduce(torch.cat(partial)), sizes)
         energies = torch.zeros(positions.shape[0], dtype=torch.float64, device=dev)
         forces = torch.zeros_like(positions)
         virial = torch.zeros(n_sys, 3, 3, dtype=torch.float64, device=dev)
@@ -214,4 +215,5 @@ class Ewald(CoulombModel):
         e_k = (s_re * s_re + s_im * s_im) / (2.0 * g)
         factor = 2.0 * e_k * (1.0 / k2 + 1.0 / (4.0 * a2))
         eye = torch.eye(3, dtype=torch.float64, device=k.device)
-        return e_k.sum() * eye - (k64 * factor[:, None]).T @ k64
+        virial: torch.Tensor = e_k.sum() * eye - (k64 * factor[:, None]).T @ k64
+        return virial

@@ -53,7 +53,6 @@ from nvdd.spec import SPEC_MPNN_HALO, MLIPSpec
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
 
 
-
 @dataclass(frozen=True)
 class MPNNConfig:
     """Hyper-parameters of :class:`ReferenceMPNN`.

@@ -76,7 +76,7 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
         """The components' specs composed with ``|`` (adapters and sharded fields of
         all; the widest extra halo). The runtime consolidates each component by
         its own spec; this merge is what the pipeline needs as a whole."""
-        specs = [m.distribution_spec(strategy) for m in self.components]
+        specs: list[MLIPSpec] = [_spec_of(m, strategy) for m in self.components]
         merged = specs[0]
         for s in specs[1:]:
             merged = merged | s
@@ -120,3 +120,8 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
             if all(key in o for o in outs):
                 total[key] = torch.stack([o[key].detach() for o in outs]).sum(0)
         return total  # type: ignore[return-value]
+
+
+def _spec_of(model: torch.nn.Module, strategy: StrategyKind | str) -> MLIPSpec:
+    spec: MLIPSpec = getattr(model, "distribution_spec")(strategy)  # noqa: B009 - typed as Module
+    return spec

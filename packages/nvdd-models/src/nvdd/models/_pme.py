@@ -122,7 +122,7 @@ class ParticleMeshEwald(CoulombModel):
                 grid = torch.zeros(meshes[s], dtype=dtype, device=dev)
             local.append(grid.reshape(-1))
         sizes = [g.numel() for g in local]
-        reduced = self._reduce(torch.cat(local)).split(sizes)
+        reduced = torch.split(self._reduce(torch.cat(local)), sizes)
         energies = torch.zeros(positions.shape[0], dtype=torch.float64, device=dev)
         forces = torch.zeros_like(positions)
         virial = torch.zeros(n_sys, 3, 3, dtype=torch.float64, device=dev)
