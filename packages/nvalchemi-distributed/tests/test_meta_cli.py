@@ -61,10 +61,10 @@ def test_nvdd_run_with_a_run_file_runs_a_composed_model(tmp_path: Path) -> None:
     """LJ + Ewald on rock salt from a run file: 2 ranks equal 1 rank by atom id."""
     run_file = tmp_path / "nacl.toml"
     run_file.write_text(
-        "[system]\nbuiltin = \"nacl\"\ncells = 2\n"
-        "[[model]]\nkind = \"lj\"\ncutoff = 4.5\n"
-        "species = { 11 = [0.05, 2.35], 17 = [0.05, 4.0] }\npairs = { \"11-17\" = [0.6, 2.45] }\n"
-        "[[model]]\nkind = \"ewald\"\ncutoff = 4.5\naccuracy = 1e-5\n"
+        '[system]\nbuiltin = "nacl"\ncells = 2\n'
+        '[[model]]\nkind = "lj"\ncutoff = 4.5\n'
+        'species = { 11 = [0.05, 2.35], 17 = [0.05, 4.0] }\npairs = { "11-17" = [0.6, 2.45] }\n'
+        '[[model]]\nkind = "ewald"\ncutoff = 4.5\naccuracy = 1e-5\n'
     )
     cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", "--nproc", "2"]
     cmd += ["--run-file", str(run_file), "--nvt-steps", "3", "--nve-steps", "3", "--dt", "1.0"]

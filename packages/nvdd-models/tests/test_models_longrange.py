@@ -174,6 +174,19 @@ def test_dftd3_equals_tad_dftd3_open_and_periodic() -> None:
     assert abs(float(periodic["energy"][0]) - float(atom_e[: batch.n_atoms].sum())) < 1e-10
 
 
+@pytest.mark.parametrize("kind", ["ewald", "pme", "d3"])
+def test_float32_agrees_with_float64(kind: str) -> None:
+    batch = lr_batch("liquid-tri", shift=0.03)
+    ref = make_lr_model(kind)(batch)
+    out = make_lr_model(kind)(batch.to(dtype=torch.float32))
+    assert out["forces"].dtype == torch.float32
+    scale = float(ref["forces"].abs().max())
+    assert float((out["forces"].double() - ref["forces"]).abs().max()) < 1e-5 * scale
+    assert abs(float(out["energy"][0]) - float(ref["energy"][0])) < 1e-5 * abs(
+        float(ref["energy"][0])
+    )
+
+
 def test_charges_are_required_and_checked() -> None:
     batch = lr_batch("nacl")
     bare = batch.replace(atom_extras={})

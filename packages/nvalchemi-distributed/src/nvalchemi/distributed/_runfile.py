@@ -145,7 +145,12 @@ def rocksalt(
 
 
 def build_system(
-    data: dict[str, Any], *, dtype: torch.dtype, device: torch.device, temperature_k: float, seed: int
+    data: dict[str, Any],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    temperature_k: float,
+    seed: int,
 ) -> Batch:
     """The system of a run file (a built-in crystal, or a structure file with charges)."""
     system = dict(data.get("system", {}))
@@ -153,7 +158,9 @@ def build_system(
         try:
             from ase.io import read
         except ImportError as exc:
-            raise OptionalDependencyError("ase", "--run-file structure", extra="nvdd-core[ase]") from exc
+            raise OptionalDependencyError(
+                "ase", "--run-file structure", extra="nvdd-core[ase]"
+            ) from exc
         batch = Batch.from_ase(read(system["structure"]), dtype=dtype, device=device)
         if "charges" in system:
             from nvdd.models import assign_charges

@@ -179,17 +179,23 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         return torch.zeros(n, dtype=r.dtype, device=r.device).index_add(0, receivers, count)
 
     def weights(self, cn: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Normalised reference weights, shape ``(n, 7)``."""
-        ref = self.ref_cn.to(cn.dtype).index_select(0, z)
+        """Normalised reference weights, shape ``(n, 7)``, in the dtype of ``cn``.
+
+        Evaluated in float64 whatever the model's dtype: in float32 the Gaussians
+        underflow for CNs far from a reference, and the normalisation's backward
+        divides by their tiny sums (NaN forces).
+        """
+        ref = self.ref_cn.to(torch.float64).index_select(0, z)
+        cn64 = cn.to(torch.float64)
         valid = ref >= 0
         raw = torch.where(
-            valid, torch.exp(-_K3 * (ref - cn.unsqueeze(1)) ** 2), torch.zeros_like(ref)
+            valid, torch.exp(-_K3 * (ref - cn64.unsqueeze(1)) ** 2), torch.zeros_like(ref)
         )
         norm = raw.sum(1, keepdim=True)
-        ok = norm > 0
+        ok = norm > 1e-300
         w = raw / torch.where(ok, norm, torch.ones_like(norm))
         largest = (ref == ref.max(1, keepdim=True).values) & valid
-        return torch.where(ok, w, largest.to(cn.dtype))
+        return torch.where(ok, w, largest.to(torch.float64)).to(cn.dtype)
 
     def dispersion_energies(
         self,
@@ -212,7 +218,7 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         if self._exchange is not None:
             cn = self._exchange(cn)
         w = self.weights(cn, z)
-        ref = self.ref_c6.to(r.dtype)[zi, zj]  # (n_edges, 7, 7)
+        ref = self.ref_c6[zi, zj].to(r.dtype)  # (n_edges, 7, 7)
         c6 = torch.einsum("ea,eab,eb->e", w.index_select(0, i), ref, w.index_select(0, j))
         r4r2 = self.r4r2.to(r.dtype)
         qq = 3.0 * r4r2.index_select(0, zi) * r4r2.index_select(0, zj)
