@@ -285,3 +285,30 @@ def test_each_preset_selects_its_collective() -> None:
     assert all(n[0]["n_ghost"] > lo[0]["n_ghost"] for n, lo in zip(none, local, strict=True))
     ref = _oracle("d3", "nacl-2")
     _check([r[0] for r in none], ref, "nacl-2")
+
+
+def test_pipeline_model_sums_its_components_on_one_process() -> None:
+    from nvdd.models import LennardJones, LJConfig, PipelineModel
+    from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
+
+    batch = lr_batch("nacl-tri", shift=0.02)
+    lj = LennardJones(LJConfig(cutoff=5.0, species={11: (0.05, 2.35), 17: (0.05, 4.0)}))
+    ewald, d3 = make_lr_model("ewald"), make_lr_model("d3")
+    pipe = PipelineModel([lj, ewald, d3])
+    assert pipe.pipeline_components == (lj, ewald, d3)
+    assert pipe.cutoff == d3.cutoff == 7.0
+    out = pipe(batch)
+    parts = [m(batch) for m in (lj, ewald, d3)]
+    for key in ("energy", "forces", "virial", "stress", "atom_energies"):
+        total = parts[0][key] + parts[1][key] + parts[2][key]
+        torch.testing.assert_close(out[key], total, rtol=0, atol=1e-12)
+    spec = pipe.distribution_spec()
+    assert "charges" in spec.distribution.sharded_fields
+    assert spec.name == "pipeline(SPEC_LJ_HALO, SPEC_EWALD_HALO, SPEC_DFTD3_HALO)"
+    with pytest.raises(ConfigurationError, match="at least one component"):
+        PipelineModel([])
+    with pytest.raises(ConfigurationError, match=r"component 1 \(int\) must be a torch\.nn\.Module"):
+        PipelineModel([lj, 3])  # type: ignore[list-item]
+    layout = SelfImageLayout(batch.n_atoms, torch.zeros(0, dtype=torch.int64))
+    with dd_scope(DDContext(layout=layout)), pytest.raises(ConfigurationError, match="Pipeline"):
+        pipe(batch)

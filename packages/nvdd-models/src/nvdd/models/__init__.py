@@ -9,9 +9,14 @@
   (``atom_extras["charges"]``, :func:`assign_charges`) on nvalchemi-toolkit-ops
   kernels (extra ``nvdd-models[longrange]``); under DD the reciprocal term is
   combined across ranks by one all-reduce (structure factors / charge mesh).
+- :class:`DFTD3`: D3(BJ) dispersion with tad-dftd3's reference tables; under DD
+  the coordination numbers of ghost rows are refreshed from their owners.
+- :class:`PipelineModel`: the sum of several models; ``DomainParallel`` runs it
+  under one halo, each component by its own spec.
 
-Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
-``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO``, and inside a live DD context
+Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
+its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_EWALD_HALO``,
+``SPEC_PME_HALO``, ``SPEC_DFTD3_HALO``) or the ``spec=`` it was built with, and inside a live DD context
 (``nvdd.shardtensor.dd_scope``) ``forward`` runs on one rank's
 ``[owned | ghost]`` rows (owned receivers, owned energies, forces on every row).
 """

@@ -137,6 +137,7 @@ class CoulombModel(HaloModelMixin, torch.nn.Module):
         raise NotImplementedError(f"{type(self).__name__} must define reciprocal")
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """:func:`reduce_reciprocal` with this model's spec (**Collective** under DD)."""
         coupling = self.distribution_spec().options.global_coupling
         return reduce_reciprocal(partial, coupling, self._coupling, type(self).__name__)
 
