@@ -307,7 +307,9 @@ def test_pipeline_model_sums_its_components_on_one_process() -> None:
     assert spec.name == "pipeline(SPEC_LJ_HALO, SPEC_EWALD_HALO, SPEC_DFTD3_HALO)"
     with pytest.raises(ConfigurationError, match="at least one component"):
         PipelineModel([])
-    with pytest.raises(ConfigurationError, match=r"component 1 \(int\) must be a torch\.nn\.Module"):
+    with pytest.raises(
+        ConfigurationError, match=r"component 1 \(int\) must be a torch\.nn\.Module"
+    ):
         PipelineModel([lj, 3])  # type: ignore[list-item]
     layout = SelfImageLayout(batch.n_atoms, torch.zeros(0, dtype=torch.int64))
     with dd_scope(DDContext(layout=layout)), pytest.raises(ConfigurationError, match="Pipeline"):
