@@ -94,3 +94,40 @@ def test_lj_plus_ewald_on_4_ranks_equals_one_process_and_conserves_energy() -> N
     assert abs(got["e"][-1] - ref[-1]) < 1e-9
     assert drift_dd <= 1.1 * drift_1 + 1e-12, (drift_dd, drift_1)
     assert drift_1 < 1e-3 * batch.n_atoms  # a meaningful NVE run: energy stays put
+
+
+MIXED = {
+    "model": [
+        {"kind": "mpnn", "cutoff": 4.0, "species": [11, 17], "hidden": 8, "n_layers": 2},
+        {"kind": "d3", "functional": "pbe", "cutoff": 5.0, "cn_cutoff": 5.5},
+        {"kind": "pme", "cutoff": 5.0, "mesh": [18, 18, 18]},
+    ]
+}
+
+
+def run_mixed(n_steps: int) -> dict[str, Any]:
+    """Rank function: MPNN + D3 + PME (autograd, CN refresh, mesh all-reduce) in one halo."""
+    dyn = VelocityVerlet(build_model(MIXED), _system(), dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=5.5, skin=0.5, grid_dims=(3, 1, 1))) as dp:
+        dp.partition()
+        dp.run(n_steps)
+        out = dp.gather(0)
+        counts = dict(dp.stats.last_collectives)
+    if out is None:
+        return {}
+    return {"ids": out.atom_ids, "forces": out.forces, "energy": out.energy, "counts": counts}
+
+
+def test_mpnn_d3_pme_pipeline_on_3_ranks_equals_one_process() -> None:
+    got = run_ranks(run_mixed, 3, 2, timeout_s=900)[0]
+    dyn = VelocityVerlet(build_model(MIXED), _system(), dt_fs=0.5)
+    dyn.run(2)
+    ref = dyn.batch
+    assert_close_by_id(
+        got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
+    )
+    energy = build_model(MIXED)(ref)["energy"]
+    torch.testing.assert_close(got["energy"], energy, rtol=0, atol=1e-10)
+    # positions, and ONE fold, for all three components; the MPNN's 2 refreshes per
+    # layer forward and backward and D3's CN refresh and its adjoint on top.
+    assert got["counts"]["all_to_all_single"] == 2 + 4 * 2 + 2, got["counts"]
