@@ -73,11 +73,14 @@ def _component(entry: dict[str, Any]) -> Any:
     kind = entry.pop("kind", None)
     try:
         if kind == "lj":
-            species = {z: tuple(v) for z, v in _int_keys(entry.pop("species", {})).items()}
-            pairs = {
-                tuple(int(z) for z in k.split("-")): tuple(v)
-                for k, v in entry.pop("pairs", {}).items()
+            species = {
+                z: (float(v[0]), float(v[1]))
+                for z, v in _int_keys(entry.pop("species", {})).items()
             }
+            pairs: dict[tuple[int, int], tuple[float, float]] = {}
+            for key, v in entry.pop("pairs", {}).items():
+                a, b = (int(z) for z in str(key).split("-"))
+                pairs[(a, b)] = (float(v[0]), float(v[1]))
             return m.LennardJones(m.LJConfig(species=species, pairs=pairs, **entry))
         if kind == "mpnn":
             return m.ReferenceMPNN(m.MPNNConfig(**entry))
@@ -92,7 +95,7 @@ def _component(entry: dict[str, Any]) -> Any:
             if name is not None:
                 return m.DFTD3(m.D3Config.from_functional(name, **entry))
             return m.DFTD3(m.D3Config(**entry))
-    except TypeError as exc:
+    except (TypeError, ValueError, IndexError) as exc:
         raise ConfigurationError(f"run file: [[model]] kind = {kind!r}: {exc}") from exc
     raise ConfigurationError(
         f"run file: unknown [[model]] kind {kind!r} (lj, mpnn, ewald, pme, d3)"
