@@ -118,6 +118,7 @@ def run_mixed(n_steps: int) -> dict[str, Any]:
     return {"ids": out.atom_ids, "forces": out.forces, "energy": out.energy, "counts": counts}
 
 
+@pytest.mark.slow  # ~1 to 2 min on the 2-core CI machine; run with --run-slow
 def test_mpnn_d3_pme_pipeline_on_3_ranks_equals_one_process() -> None:
     got = run_ranks(run_mixed, 3, 2, timeout_s=900)[0]
     dyn = VelocityVerlet(build_model(MIXED), _system(), dt_fs=0.5)
