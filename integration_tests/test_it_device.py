@@ -4,8 +4,8 @@ No GPU in CI: the fake accelerator of ``nvdd.testing`` (real CPU values, CUDA-li
 device checks, NCCL-like collectives) runs partition, migration, halo rebuilds,
 hooks of every scope, a rebalance, gather and to_global, for LJ and the MPNN, on
 periodic, triclinic, open, mixed and two-system batches. Any operator that mixes
-the atoms' device with the CPU raises; the results must equal the CPU run bit for
-bit.
+the atoms' device with the CPU raises; the results must equal the CPU run (to
+rounding: the Warp LJ kernel sums with atomics).
 """
 
 from __future__ import annotations
@@ -35,11 +35,18 @@ def test_dd_run_on_a_device_equals_the_cpu_run(world: int, kind: str, model: str
     out = run_ranks(cpu_and_fake, world, kind, model, timeout_s=600)
     for rank, (cpu, fake) in enumerate(out):
         assert fake["whole_device"] == "meta", f"rank {rank}: to_global left the device"
-        assert fake["hooks"]["local"] == cpu["hooks"]["local"]
-        assert fake["hooks"]["global"] == cpu["hooks"]["global"]
+        # (the Warp LJ kernel sums with atomics: equal to rounding, not bit for bit)
+        for key in ("local", "global"):
+            torch.testing.assert_close(
+                torch.tensor(fake["hooks"][key]),
+                torch.tensor(cpu["hooks"][key]),
+                rtol=1e-12,
+                atol=0,
+            )
         assert fake["rebuilds"] == cpu["rebuilds"]
     cpu, fake = out[0]
     assert fake["hooks"]["zero"] == ["meta"] * len(cpu["hooks"]["zero"]) != []
     assert fake["device"] == "meta"
-    for key in ("ids", "positions", "forces", "energy", "stress"):
-        assert torch.equal(cpu[key], fake[key]), f"{key} differs between the CPU and the device"
+    assert torch.equal(cpu["ids"], fake["ids"])
+    for key in ("positions", "forces", "energy", "stress"):
+        torch.testing.assert_close(fake[key], cpu[key], rtol=1e-12, atol=1e-12, msg=key)

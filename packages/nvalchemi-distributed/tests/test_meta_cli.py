@@ -91,6 +91,28 @@ def test_nvdd_run_npt_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -
     assert frames.count("Lattice=") == 4 and "energies:R:1" in frames  # steps 4, 8, 12, 16
 
 
+def test_nvdd_run_with_a_run_file_runs_a_composed_model(tmp_path: Path) -> None:
+    """LJ + Ewald on rock salt from a run file: 2 ranks equal 1 rank by atom id."""
+    run_file = tmp_path / "nacl.toml"
+    run_file.write_text(
+        '[system]\nbuiltin = "nacl"\ncells = 2\n'
+        '[[model]]\nkind = "lj"\ncutoff = 4.5\n'
+        'species = { 11 = [0.05, 2.35], 17 = [0.05, 4.0] }\npairs = { "11-17" = [0.6, 2.45] }\n'
+        '[[model]]\nkind = "ewald"\ncutoff = 4.5\naccuracy = 1e-5\n'
+    )
+    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", "--nproc", "2"]
+    cmd += ["--run-file", str(run_file), "--nvt-steps", "3", "--nve-steps", "3", "--dt", "1.0"]
+    cmd += ["--thermo-every", "3", "--traj-every", "0", "--temperature", "100"]
+    cmd += ["--out", str(tmp_path / "run")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "64 atoms on 2 cpu rank(s) (gloo)" in res.stdout
+    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 64 atoms", res.stdout)
+    assert m is not None, res.stdout
+    assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
+
+
 def test_parser_defaults_describe_the_main_job() -> None:
     args = build_parser().parse_args(["run"])
     assert args.cells == 20 and args.nproc == 2 and args.device == "cpu"

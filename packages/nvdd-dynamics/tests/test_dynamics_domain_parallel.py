@@ -291,3 +291,62 @@ def test_one_rank_runs_the_whole_batch_unless_asked_for_the_halo(halo: bool) -> 
     else:  # no ghosts, no plan: DomainParallel on one device costs what the model costs
         assert got["n_ghost"] == 0
         assert "no halo plan" in got["plan"]
+
+
+class _Pipeline(torch.nn.Module):
+    """A composed model as DomainParallel sees one: ``pipeline_components`` plus the
+    single-process sum (the 1-rank oracle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        second = soft_pair_mpnn_spec()
+        second.eps = 0.05
+        self.parts = torch.nn.ModuleList([SoftPair(rc=2.5, eps=0.2), second])
+        self.cutoff = 2.5
+
+    @property
+    def pipeline_components(self) -> tuple[torch.nn.Module, ...]:
+        return tuple(self.parts)
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        outs = [m(batch) for m in self.parts]
+        return {k: sum(o[k].detach() for o in outs) for k in ("energy", "forces")}
+
+
+def _pipeline_in_domain_parallel(n_steps: int) -> dict:
+    from nvdd.dynamics import DistributedPipelineModel
+
+    dyn = VelocityVerlet(_Pipeline(), make_gas(triclinic=True), dt_fs=2.0)
+    config = DomainConfig(cutoff=2.5, skin=0.4)
+    with DomainParallel(dyn, config, count_collectives=True) as dp:
+        assert isinstance(dp.model, DistributedPipelineModel)
+        dp.partition()
+        dp.run(n_steps)
+        counts = dict(dp.stats.last_collectives)
+        out = dp.gather(0)
+    if out is None:
+        return {}
+    return {"ids": out.atom_ids, "forces": out.forces, "energy": out.energy, "counts": counts}
+
+
+def test_domain_parallel_runs_a_pipeline_model() -> None:
+    got = run_ranks(_pipeline_in_domain_parallel, 2, 6, timeout_s=120)[0]
+    ref = VelocityVerlet(_Pipeline(), make_gas(triclinic=True), dt_fs=2.0)
+    ref.run(6)
+    assert_close_by_id(
+        got["ids"], got["forces"], ref.batch.atom_ids, ref.batch.forces, atol=1e-10, what="forces"
+    )
+    out = _Pipeline()(ref.batch)
+    torch.testing.assert_close(got["energy"], out["energy"], rtol=0, atol=1e-10)
+    # One forward and ONE reverse exchange for both components, plus the component
+    # with a replicated energy's all-reduce and the rebuild flag.
+    assert got["counts"]["all_to_all_single"] == 2, got["counts"]
+
+
+def test_a_pipeline_spec_cannot_be_overridden() -> None:
+    from nvdd.core import ConfigurationError
+    from nvdd.dynamics import distributed_model_for  # noqa: F401 - the factory is public
+
+    dyn = VelocityVerlet(_Pipeline(), make_gas(), dt_fs=2.0)
+    with pytest.raises(ConfigurationError, match="cannot override a pipeline's spec"):
+        DomainParallel(dyn, DomainConfig(cutoff=2.5), spec=SoftPair().distribution_spec())

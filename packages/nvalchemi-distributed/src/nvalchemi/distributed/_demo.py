@@ -59,6 +59,12 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
 
 
 def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    if args.run_file:  # a (composed) model from a run file; the halo covers its cutoff
+        from nvalchemi.distributed._runfile import build_model, load_run_file
+
+        model = build_model(load_run_file(args.run_file)).to(device=device, dtype=dtype)
+        args.cutoff = float(model.cutoff)
+        return model
     try:
         from nvdd.models import LennardJones, LJConfig
     except ImportError as exc:
@@ -70,6 +76,13 @@ def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
 
 
 def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) -> Batch:
+    if args.run_file:
+        from nvalchemi.distributed._runfile import build_system, load_run_file
+
+        data = load_run_file(args.run_file)
+        return build_system(
+            data, dtype=dtype, device=device, temperature_k=args.temperature, seed=args.seed
+        )
     if args.structure:
         try:
             from ase.io import read

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--nvt-steps", type=int, default=100, help="steps of the first phase (--ensemble)"
     )
+    run.add_argument(
+        "--run-file",
+        default=None,
+        help="TOML run file: a system and a (composed) model, e.g. LJ + Ewald on NaCl "
+        "(see nvalchemi.distributed._runfile); replaces the argon box and LJ",
+    )
     run.add_argument("--nve-steps", type=int, default=100, help="velocity-Verlet steps after it")
     run.add_argument("--dt", type=float, default=4.0, help="time step, fs")
     run.add_argument("--temperature", type=float, default=94.0, help="NVT temperature, K")

@@ -63,6 +63,10 @@ class RankTimeoutError(NvddError, TimeoutError):
     """Some ranks did not finish within the timeout; they were killed."""
 
 
+#: Environment variable naming extra modules the rank forkserver imports once.
+PRELOAD_ENV = "NVDD_SPAWN_PRELOAD"
+
+
 @cache
 def _context(start_method: str) -> BaseContext:
     ctx = mp.get_context(start_method)
@@ -70,6 +74,10 @@ def _context(start_method: str) -> BaseContext:
         preload = ["torch", "torch.distributed"]
         if importlib.util.find_spec("warp") is not None:
             preload.append("warp")
+        # Slow-to-import modules a test suite's ranks all need (comma-separated):
+        # imported once by the forkserver instead of once per rank.
+        extra = os.environ.get(PRELOAD_ENV, "")
+        preload += [m.strip() for m in extra.split(",") if m.strip()]
         ctx.set_forkserver_preload(preload)
     return ctx
 

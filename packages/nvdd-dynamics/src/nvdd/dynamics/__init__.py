@@ -13,12 +13,13 @@ from nvdd.dynamics._base import (
 from nvdd.dynamics._collectives import COUNTED_COLLECTIVES, MeshReducer, count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, consolidate
-from nvdd.dynamics._distributed_model import DDStats, DistributedModel, DistributedPipelineModel
+from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._domain_parallel import DomainParallel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
 from nvdd.dynamics._nose_hoover import NoseHooverChain, NoseHooverNVT, StepSums, step_sums
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
+from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
 
@@ -41,6 +42,7 @@ __all__ = [
     "PendingTotals",
     "UndeclaredOutputWarning",
     "consolidate",
+    "distributed_model_for",
     "count_collectives",
     "FIRE",
     "KB_EV_PER_K",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,7 +47,7 @@ from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, Strategy
 if TYPE_CHECKING:
     from nvdd.partition import ShardedBatch
 
-__all__ = ["DDStats", "DistributedModel", "DistributedPipelineModel"]
+__all__ = ["DDStats", "DistributedModel"]
 
 _PER_SYSTEM = ("energy", "stress", "virial")
 
@@ -488,62 +488,6 @@ class DistributedModel:
         return self.pending.materialize(names)
 
 
-class DistributedPipelineModel(DistributedModel):
-    """Domain decomposition of a composed (pipeline) model: the sum of components.
-
-    Every component runs on the same padded rows (the halo is wide enough for
-    the widest component: its spec's extra ghost width) and is consolidated by its
-    own spec; forces and per-system outputs are summed.
-
-    Parameters
-    ----------
-    models:
-        The components (each a ``BaseModelMixin``).
-    config:
-        The :class:`DomainConfig` (its cutoff must cover every component).
-    """
-
-    _single_rank_passthrough = False
-
-    def __init__(self, models: Sequence[Any], config: DomainConfig, **kwargs: Any) -> None:
-        if not models:
-            raise ConfigurationError("DistributedPipelineModel needs at least one model")
-        self.components = [(m, m.distribution_spec(config.strategy)) for m in models]
-        specs = [s for _, s in self.components]
-        merged = specs[0]
-        for s in specs[1:]:
-            merged = merged | s
-        widest = max(s.options.extra_ghost_width for s in specs)
-        merged = merged.replace(options=replace(merged.options, extra_ghost_width=widest))
-        super().__init__(_Sum(models), config, spec=merged, **kwargs)
-
-    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
-        plan, static = self.plan, self._static
-        assert static is not None
-        owned = local.positions.detach()
-        padded = torch.cat([owned, plan.ghost_positions(owned, local.cell).detach()])
-        t0 = self._timer("exchange", t0)
-        forces = torch.zeros_like(owned)
-        finals: dict[str, torch.Tensor] = {}
-        partials: dict[str, torch.Tensor] = {}
-        assert self.pending is not None
-        for model, spec in self.components:
-            leaf = padded.detach().requires_grad_(spec.force_strategy is ForceStrategy.AUTOGRAD)
-            padded_batch = static.replace(positions=leaf, cell=local.cell)
-            with dd_scope(self._context(plan, leaf)), torch.enable_grad():
-                raw = dict(model(padded_batch))
-            out: dict[str, Any] = dict(self._consolidate(raw, leaf, t0, spec))
-            forces = forces + out.pop("forces")
-            for k, v in out.items():  # every output of a sum model is a sum
-                if isinstance(v, torch.Tensor):
-                    finals[k] = finals[k] + v if k in finals else v
-            for k, v in self.pending.partials().items():
-                partials[k] = partials[k] + v if k in partials else v
-        self.pending.set(partials, base={k: finals.pop(k) for k in list(finals) if k in partials})
-        finals["forces"] = forces
-        return finals  # type: ignore[return-value]
-
-
 def _folds_forces(spec: MLIPSpec) -> bool:
     """Whether ghost-row forces are folded into their owners under ``spec``.
 
@@ -604,14 +548,3 @@ def _compiled(model: Any, spec: MLIPSpec, config: DomainConfig) -> Any:
         fullgraph=policy.fullgraph,
         dynamic=True if policy.dynamic is None else policy.dynamic,
     )
-
-
-class _Sum:
-    """A stand-in model for the pipeline (cutoff = the largest component's)."""
-
-    def __init__(self, models: Sequence[Any]) -> None:
-        self.models = list(models)
-        self.cutoff = max(float(getattr(m, "cutoff", 0.0)) for m in self.models)
-
-    def __call__(self, batch: Batch) -> ModelOutputs:  # pragma: no cover - never called
-        raise RuntimeError("the pipeline runs its components one by one")

@@ -18,8 +18,9 @@ from nvdd.core import (
 from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._distributed_model import DDStats, DistributedModel
+from nvdd.dynamics._distributed_model import DDStats
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.partition import BalanceMode, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
 
@@ -118,7 +119,8 @@ class DomainParallel:
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
-        self.model = DistributedModel(
+        # A composed model (``pipeline_components``) gets a DistributedPipelineModel.
+        self.model = distributed_model_for(
             dynamics.model, config, spec=spec, sync_timings=sync_timings, count=count_collectives
         )
         self._sharded: ShardedBatch | None = None

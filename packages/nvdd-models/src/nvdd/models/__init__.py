@@ -7,22 +7,43 @@
   :class:`LJBackend` picks Warp kernels over a device neighbour list (no host
   synchronisation in a step that rebuilds nothing) or the torch reference.
 - :class:`ReferenceMPNN`: a small deterministic message-passing network.
+- :class:`Ewald` / :class:`ParticleMeshEwald`: electrostatics of per-atom charges
+  (``atom_extras["charges"]``, :func:`assign_charges`) on nvalchemi-toolkit-ops
+  kernels (extra ``nvdd-models[longrange]``); under DD the reciprocal term is
+  combined across ranks by one all-reduce (structure factors / charge mesh).
+- :class:`DFTD3`: D3(BJ) dispersion with tad-dftd3's reference tables; under DD
+  the coordination numbers of ghost rows are refreshed from their owners.
+- :class:`PipelineModel`: the sum of several models; ``DomainParallel`` runs it
+  under one halo, each component by its own spec.
 
-Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
-``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO``, and inside a live DD context
+Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
+its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_EWALD_HALO``,
+``SPEC_PME_HALO``, ``SPEC_DFTD3_HALO``) or the ``spec=`` it was built with, and inside a live DD context
 (``nvdd.shardtensor.dd_scope``) ``forward`` runs on one rank's
 ``[owned | ghost]`` rows (owned receivers, owned energies, forces on every row).
 """
 
 from nvdd.models.__about__ import __version__
+from nvdd.models._charges import CHARGES, assign_charges
+from nvdd.models._coulomb_config import COULOMB_EV_A, EwaldConfig, PMEConfig
+from nvdd.models._dftd3 import DFTD3, D3Config
+from nvdd.models._ewald import Ewald
 from nvdd.models._lj import LennardJones
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig, MixingRule
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
+from nvdd.models._pipeline import PipelineModel
+from nvdd.models._pme import ParticleMeshEwald
 from nvdd.models._verlet import VerletList
 
 __all__ = [
+    "CHARGES",
+    "COULOMB_EV_A",
+    "D3Config",
+    "DFTD3",
     "EdgeList",
+    "Ewald",
+    "EwaldConfig",
     "ForceMode",
     "LJBackend",
     "LJConfig",
@@ -30,7 +51,11 @@ __all__ = [
     "MPNNConfig",
     "MixingRule",
     "NeighborList",
+    "PMEConfig",
+    "ParticleMeshEwald",
+    "PipelineModel",
     "ReferenceMPNN",
     "VerletList",
+    "assign_charges",
     "__version__",
 ]

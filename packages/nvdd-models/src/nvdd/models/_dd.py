@@ -37,10 +37,23 @@ from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._species import check_species
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import DDContext, Scope, current_dd_context
-from nvdd.spec import BaseModelMixin, MLIPSpec, Reduce, StrategyKind
+from nvdd.shardtensor import (
+    DDContext,
+    Scope,
+    current_dd_context,
+    refresh_neighbors,
+    scatter_to_owners,
+)
+from nvdd.spec import BaseModelMixin, MLIPSpec, Reduce, ScatterMode, StrategyKind
 
-__all__ = ["HaloModelMixin", "InputGate", "energy_scope", "halo_spec", "prepare_rows"]
+__all__ = [
+    "HaloModelMixin",
+    "InputGate",
+    "energy_scope",
+    "halo_spec",
+    "per_atom_exchange",
+    "prepare_rows",
+]
 
 #: Returns the first problem found (a message without the rank), or None.
 Check = Callable[[], str | None]
@@ -57,6 +70,25 @@ def energy_scope(spec: MLIPSpec) -> Scope:
     if spec.output("energy").effective_reduce() is Reduce.ALL_REDUCE:
         return Scope.LOCAL
     return Scope.OWNED
+
+
+def per_atom_exchange(spec: MLIPSpec) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The exchange a spec's ``options.scatter`` selects for a per-atom intermediate.
+
+    ``ScatterMode.LOCAL``: :func:`~nvdd.shardtensor.refresh_neighbors` (owned rows
+    are complete, ghost rows are copied from their owners: one forward exchange,
+    its adjoint in the backward). ``ScatterMode.FOLD``:
+    :func:`~nvdd.shardtensor.scatter_to_owners` (ghost partials folded into owners,
+    then refreshed: two exchanges). ``ScatterMode.NONE``: ``None`` (nothing is
+    exchanged; ghost rows must be computed where they are, from a halo wide
+    enough for it). Both verbs are **Collective** under a live DD context.
+    """
+    mode = spec.options.scatter
+    if mode is ScatterMode.LOCAL:
+        return refresh_neighbors
+    if mode is ScatterMode.FOLD:
+        return scatter_to_owners
+    return None
 
 
 def halo_spec(model: object, strategy: StrategyKind | str, spec: MLIPSpec) -> MLIPSpec:
@@ -229,17 +261,22 @@ class HaloModelMixin(BaseModelMixin):
     :class:`VerletList`), ``self._dd_gate`` (an :class:`InputGate`) and the
     ``species_rows`` buffer, and defines ``atom_energies``; it gets
     :meth:`distribution_spec`, the scope hooks, :meth:`_edges` (the first step of
-    its ``forward``) and :meth:`_outputs_by_autograd`.
+    its ``forward``) and :meth:`_outputs_by_autograd`. A model that lets its
+    behaviour follow a different spec stores it as ``self._spec`` (the models
+    take a ``spec=`` argument for that); :meth:`distribution_spec` returns it.
     """
 
     #: What :meth:`distribution_spec` returns for ``StrategyKind.HALO``.
     _halo_preset: ClassVar[MLIPSpec]
+    #: A spec that replaces the preset (``None``: the preset).
+    _spec: MLIPSpec | None = None
     neighbors: VerletList
     species_rows: torch.Tensor
     _dd_gate: InputGate
 
     def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """The model's preset for ``StrategyKind.HALO`` (or its value ``"halo"``).
+        """The model's spec for ``StrategyKind.HALO`` (or its value ``"halo"``): its
+        preset, or the ``spec=`` it was built with.
 
         What the preset promises is in the model's class docstring.
 
@@ -249,7 +286,8 @@ class HaloModelMixin(BaseModelMixin):
             For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
             that is not a strategy.
         """
-        return halo_spec(self, strategy, self._halo_preset)
+        spec = self._spec if self._spec is not None else self._halo_preset
+        return halo_spec(self, strategy, spec)
 
     def distributed_setup(self, ctx: object) -> None:
         """Forget cached neighbours and checks when a distributed scope opens."""

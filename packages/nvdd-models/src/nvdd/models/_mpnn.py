@@ -43,24 +43,20 @@ from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
-from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._species import species_table
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import (
-    Scope,
     ShardTensor,
     current_dd_context,
     refresh_neighbors,
     scatter_to_owners,
 )
-from nvdd.spec import SPEC_MPNN_HALO, ScatterMode
+from nvdd.spec import SPEC_MPNN_HALO, MLIPSpec, ScatterMode
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
-
-#: ``Scope.OWNED``: the energy of ``SPEC_MPNN_HALO`` is replicated on every rank.
-_ENERGY_SCOPE: Scope = energy_scope(SPEC_MPNN_HALO)
 
 
 @dataclass(frozen=True)
@@ -125,27 +121,28 @@ class _MessageLayer(torch.nn.Module):
         radial: torch.Tensor,
         receivers: torch.Tensor,
         senders: torch.Tensor,
+        mode: ScatterMode = ScatterMode.FOLD,
         n_update: int | None = None,
         refresh: bool = True,
     ) -> torch.Tensor:
         """``h`` ``(n_atoms, F)``, ``radial`` ``(n_edges, K)`` -> new ``h``.
 
-        ``n_update``: under DD with owned receivers only the first ``n_update``
-        (owned) rows receive messages, so only they are updated; the ghost rows
-        are then refreshed from their owners (``refresh``; skipped after the last
-        layer, whose ghost rows nothing reads). ``None``: the fold mode, every
-        row updated after the aggregated messages are folded to their owners.
+        ``mode`` is the spec's ``options.scatter``. ``LOCAL`` under DD (owned
+        receivers; ``n_update`` = the owned rows): only the owned rows receive
+        messages, so only they are updated, then the ghost rows are refreshed
+        from their owners (``refresh``; skipped after the last layer, whose ghost
+        rows nothing reads). ``FOLD``: the aggregated messages are folded to
+        their owners and every row is updated. ``NONE``: nothing is exchanged.
 
         **Collective** under a live DD context (one exchange over the layout's
-        group: a refresh, or a fold and a refresh in the fold mode; every rank
-        runs every layer).
+        group for ``LOCAL``, two for ``FOLD``; every rank runs every layer).
         """
         weights = self.filter_out(silu(self.filter_in(radial)))
         messages = weights * self.sender(h).index_select(0, senders)
-        if n_update is None or isinstance(h, ShardTensor):
+        if mode is not ScatterMode.LOCAL or n_update is None or isinstance(h, ShardTensor):
             aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
-            if not isinstance(aggregated, ShardTensor):  # a ShardTensor's scatter folded already
-                aggregated = scatter_to_owners(aggregated)
+            if mode is not ScatterMode.NONE and not isinstance(aggregated, ShardTensor):
+                aggregated = scatter_to_owners(aggregated)  # a ShardTensor's scatter folded already
             update: torch.Tensor = self.update_out(
                 silu(self.update_in(torch.cat([h, aggregated], 1)))
             )
@@ -176,6 +173,14 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         the same seed agree to float32 rounding.
     device:
         Parameter device.
+    spec:
+        Replaces ``SPEC_MPNN_HALO``; its ``options.scatter`` selects the per-layer
+        exchange: ``LOCAL`` (the preset: owned rows updated, then the ghost rows'
+        features refreshed, one exchange per layer but the last; exact since
+        receivers are owned rows) or ``FOLD`` (aggregated messages folded with
+        ``scatter_to_owners`` and every row updated, two exchanges per layer);
+        ``NONE`` only for one layer. Its energy
+        declaration must stay replicated (``Reduce.OWNED_ONLY``).
 
     Attributes
     ----------
@@ -203,8 +208,10 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         *,
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
+        spec: MLIPSpec | None = None,
     ) -> None:
         super().__init__()
+        self._spec = spec
         if dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         self._config = config = config if config is not None else MPNNConfig()
@@ -221,6 +228,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self.to(dtype=dtype, device=device)
         self.neighbors = VerletList(config.cutoff, config.skin)
         self._dd_gate = InputGate()
+        if per_atom_exchange(self.distribution_spec()) is None and config.n_layers > 1:
+            raise config_error(
+                f"ReferenceMPNN with {config.n_layers} layers needs a per-layer exchange of ghost "
+                "features: its spec's options.scatter must be FOLD or LOCAL, got NONE"
+            )
 
     def _initialise(self, seed: int) -> None:
         """Draw every parameter from one generator, in registration order."""
@@ -275,10 +287,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         r = torch.sqrt((r_vec * r_vec).sum(dim=1))
         radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
         h = self.embedding.index_select(0, rows)
-        n_update = self._owned_rows()
+        mode = self.distribution_spec().options.scatter
+        n_update = self._owned_rows(mode)
         last = len(self.layers) - 1
         for k, layer in enumerate(self.layers):
-            h = layer(h, radial, edges.receivers, edges.senders, n_update, refresh=k < last)
+            h = layer(h, radial, edges.receivers, edges.senders, mode, n_update, refresh=k < last)
         if n_update is not None and n_update < h.shape[0]:
             # Ghost rows' energies are never counted: read out the owned rows only.
             own = self.readout_out(silu(self.readout_in(h[:n_update]))).squeeze(1)
@@ -287,12 +300,12 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             energies = self.readout_out(silu(self.readout_in(h))).squeeze(1)
         return energies + self.species_energy.index_select(0, rows)
 
-    def _owned_rows(self) -> int | None:
+    def _owned_rows(self, mode: ScatterMode) -> int | None:
         """Rows that receive messages under the live DD context in the refresh mode
-        (``ScatterMode.LOCAL`` of the spec: owned receivers, ghost rows refreshed);
-        ``None`` in the fold mode or outside DD."""
+        (``ScatterMode.LOCAL``: owned receivers, ghost rows refreshed); ``None``
+        in the other modes or outside DD."""
         layout = current_dd_context().layout
-        if layout is None or self._halo_preset.options.scatter is not ScatterMode.LOCAL:
+        if layout is None or mode is not ScatterMode.LOCAL:
             return None
         return int(layout.n_owned)
 
@@ -356,7 +369,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             edges,
             n_receivers,
             compute_stress=compute_stress,
-            energy_scope=_ENERGY_SCOPE,
+            energy_scope=energy_scope(self.distribution_spec()),
             create_graph=create_graph,
         )
 

@@ -11,7 +11,7 @@ SPEC_MPNN_HALO     halo      autograd   local, per layer  0           none
 SPEC_UMA_HALO      halo      autograd   local, per layer  0           none
 SPEC_EWALD_HALO    halo      direct     none              0           reciprocal
 SPEC_PME_HALO      halo      direct     none              0           mesh
-SPEC_DFTD3_HALO    halo      direct     none              CN cutoff   none
+SPEC_DFTD3_HALO    halo      direct     local (CN)        0           none
 SPEC_MPNN_GP       graph     autograd   local, per layer  n/a         none
 =================  ========  =========  ================  ==========  =============
 """
@@ -43,7 +43,7 @@ __all__ = [
     "graph_parallel_disabled",
 ]
 
-#: Default coordination-number cutoff (Angstrom) DFT-D3's extra halo must cover.
+#: Default coordination-number cutoff (Angstrom) of DFT-D3 (``nvdd.models.D3Config``).
 DFTD3_CN_CUTOFF = 10.0
 
 # Output declarations shared by the presets.
@@ -97,7 +97,7 @@ SPEC_MPNN_HALO = MLIPSpec(
     name="SPEC_MPNN_HALO",
     outputs=_SHORT_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.AUTOGRAD,
-    options=StrategyOptions(scatter=ScatterMode.LOCAL, refresh_per_layer=True),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL),
 )
 """MACE, NequIP, Allegro, ORB: owned receivers, so scatters stay local (ghost rows
 receive nothing) and ghost features are refreshed from their owners per layer:
@@ -117,7 +117,7 @@ SPEC_UMA_HALO = MLIPSpec(
             ),
         ),
     ),
-    options=StrategyOptions(scatter=ScatterMode.LOCAL, refresh_per_layer=True),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL),
 )
 """UMA (eSCN family): owned-complete neighbourhoods with local scatters, ghost rows
 refreshed per block, fairchem's own graph parallel disabled."""
@@ -143,12 +143,15 @@ SPEC_PME_HALO = MLIPSpec(
 
 SPEC_DFTD3_HALO = MLIPSpec(
     name="SPEC_DFTD3_HALO",
-    outputs=_SHORT_RANGE_OUTPUTS,
+    # Forces by the model's own autograd (returned on every padded row, folded);
+    # the energy is a per-rank partial like LJ's (no collective in the forward).
+    outputs={**_SHORT_RANGE_OUTPUTS, "energy": _PER_GRAPH_PARTIAL},
     force_strategy=ForceStrategy.DIRECT,
-    options=StrategyOptions(extra_ghost_width=DFTD3_CN_CUTOFF),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL),
 )
-"""DFT-D3: no global coupling, but ghost coordination numbers must be complete, so
-the halo is widened by the coordination-number cutoff."""
+"""DFT-D3: no global coupling; coordination numbers of owned atoms are computed
+with the CN cutoff, then ghost rows are refreshed from their owners before the
+dispersion energy (halo = max(cutoff, CN cutoff) + skin)."""
 
 SPEC_MPNN_GP = MLIPSpec(
     name="SPEC_MPNN_GP",
@@ -160,7 +163,7 @@ SPEC_MPNN_GP = MLIPSpec(
     },
     force_strategy=ForceStrategy.AUTOGRAD,
     distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
-    options=StrategyOptions(scatter=ScatterMode.LOCAL, refresh_per_layer=True),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL),
 )
 """Graph partition: atoms split by a balanced index range (no spatial halo), each
 rank owning the edges into its nodes."""

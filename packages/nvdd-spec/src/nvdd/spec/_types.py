@@ -183,28 +183,33 @@ class CompilePolicy:
 
 @dataclass(frozen=True)
 class StrategyOptions:
-    """Communication-pattern options a model declares.
+    """Communication-pattern options a model declares; each one is read by runtime code.
 
     Parameters
     ----------
     scatter:
-        What scatters into ghost rows need (:class:`ScatterMode`).
-    refresh_per_layer:
-        Ghost features are refreshed after every message-passing layer, so the
-        ghost width stays one cutoff however many layers the model has.
-    owned_receivers_only:
-        Edges are kept only when their receiver is an owned row (every global
-        edge then lives on exactly one rank).
+        How a per-atom intermediate computed on owned rows reaches the ghost
+        rows (:class:`ScatterMode`), read by the models that have one: the
+        reference MPNN's aggregated messages, DFT-D3's coordination numbers
+        (``nvdd.models``' ``per_atom_exchange``).
     extra_ghost_width:
-        Angstrom added to ``cutoff + skin`` (e.g. DFT-D3's coordination-number
-        cutoff, so ghost coordination numbers are complete).
+        Angstrom added to ``cutoff + skin`` by the runtime when it sizes the halo
+        (``DistributedModel.ghost_width``); e.g. DFT-D3 without a coordination
+        number exchange.
     global_coupling:
-        Long-range all-to-all terms (:class:`GlobalCoupling`).
+        Long-range all-to-all terms (:class:`GlobalCoupling`), read by the
+        Ewald / PME models to pick the collective that combines their
+        reciprocal term across ranks.
+
+    Notes
+    -----
+    Edges are always kept for owned receivers only (every global edge lives on
+    exactly one rank) and per-layer exchanges follow from ``scatter``; the
+    former ``owned_receivers_only`` and ``refresh_per_layer`` fields were read by
+    nothing and were removed.
     """
 
     scatter: ScatterMode = ScatterMode.NONE
-    refresh_per_layer: bool = False
-    owned_receivers_only: bool = True
     extra_ghost_width: float = 0.0
     global_coupling: GlobalCoupling = GlobalCoupling.NONE
 

@@ -1,0 +1,134 @@
+"""A composed model (LJ + Ewald) in DomainParallel: 4 ranks equal 1 process by atom id,
+and the NVE energy drift on 4 ranks is within 1.1x of one process's.
+
+Rock-salt NaCl (charges +1 / -1), 216 ions; the 1000-step run of the same test
+(``NVDD_LONGRANGE_STEPS=1000``) is in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from nvalchemi.distributed._runfile import build_model, rocksalt
+from nvdd.dynamics import DomainConfig, DomainParallel, HookStage, VelocityVerlet, kinetic_energy
+from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
+
+pytestmark = pytest.mark.gloo
+
+# The toolkit's electrostatics take seconds to import: once in the rank forkserver.
+os.environ.setdefault("NVDD_SPAWN_PRELOAD", "nvalchemiops.torch.interactions.electrostatics.pme")
+
+STEPS = int(os.environ.get("NVDD_LONGRANGE_STEPS", "40"))
+EVERY = 10
+DT_FS = 2.0
+RUN = {
+    "model": [
+        {
+            "kind": "lj",
+            "cutoff": 5.5,
+            "species": {"11": [0.05, 2.35], "17": [0.05, 4.0]},
+            "pairs": {"11-17": [0.6, 2.45]},
+        },
+        {"kind": "ewald", "cutoff": 5.5, "accuracy": 1e-6},
+    ]
+}
+
+
+def _system() -> Any:
+    return rocksalt(3, dtype=torch.float64, temperature_k=150.0, seed=4, jitter=0.02)
+
+
+def _energy(dyn: Any, batch: Any) -> float:
+    return float(batch.energy.sum() + kinetic_energy(batch, dyn.reducer).sum())
+
+
+def run_dd(n_steps: int) -> dict[str, Any]:
+    """Rank function: LJ + Ewald NVE under DomainParallel, total energy every EVERY steps."""
+    dyn = VelocityVerlet(build_model(RUN), _system(), dt_fs=DT_FS)
+    energies: list[float] = []
+    config = DomainConfig(cutoff=5.5, skin=0.6, grid_dims=(4, 1, 1))
+    with DomainParallel(dyn, config) as dp:
+        dp.register_hook(
+            HookStage.AFTER_STEP,
+            lambda ctx: energies.append(_energy(dyn, ctx.batch)),
+            every=EVERY,
+            needs=["energy"],
+        )
+        dp.partition()
+        dp.run(n_steps)
+        out = dp.gather(0)
+        rebuilds = dp.stats.rebuilds
+    if out is None:
+        return {}
+    return {
+        "ids": out.atom_ids,
+        "pos": out.positions,
+        "forces": out.forces,
+        "e": energies,
+        "rebuilds": rebuilds,
+    }
+
+
+def test_lj_plus_ewald_on_4_ranks_equals_one_process_and_conserves_energy() -> None:
+    got = run_ranks(run_dd, 4, STEPS, timeout_s=900)[0]
+    dyn = VelocityVerlet(build_model(RUN), _system(), dt_fs=DT_FS)
+    ref: list[float] = []
+    for _ in range(STEPS // EVERY):
+        dyn.run(EVERY)
+        ref.append(_energy(dyn, dyn.batch))
+    batch = dyn.batch
+    assert_same_ids(got["ids"], batch.atom_ids, "atom set after the run")
+    assert_close_by_id(
+        got["ids"], got["forces"], batch.atom_ids, batch.forces, atol=1e-10, what="forces"
+    )
+    assert_close_by_id(
+        got["ids"], got["pos"], batch.atom_ids, batch.positions, atol=1e-8, what="positions"
+    )
+    drift_dd = max(abs(e - got["e"][0]) for e in got["e"])
+    drift_1 = max(abs(e - ref[0]) for e in ref)
+    print(f"NVE drift over {STEPS} steps: 4 ranks {drift_dd:.3e} eV, one process {drift_1:.3e} eV")
+    assert abs(got["e"][-1] - ref[-1]) < 1e-9
+    assert drift_dd <= 1.1 * drift_1 + 1e-12, (drift_dd, drift_1)
+    assert drift_1 < 1e-3 * batch.n_atoms  # a meaningful NVE run: energy stays put
+
+
+MIXED = {
+    "model": [
+        {"kind": "mpnn", "cutoff": 4.0, "species": [11, 17], "hidden": 8, "n_layers": 2},
+        {"kind": "d3", "functional": "pbe", "cutoff": 5.0, "cn_cutoff": 5.5},
+        {"kind": "pme", "cutoff": 5.0, "mesh": [18, 18, 18]},
+    ]
+}
+
+
+def run_mixed(n_steps: int) -> dict[str, Any]:
+    """Rank function: MPNN + D3 + PME (autograd, CN refresh, mesh all-reduce) in one halo."""
+    dyn = VelocityVerlet(build_model(MIXED), _system(), dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=5.5, skin=0.5, grid_dims=(3, 1, 1))) as dp:
+        dp.partition()
+        dp.run(n_steps)
+        out = dp.gather(0)
+        counts = dict(dp.stats.last_collectives)
+    if out is None:
+        return {}
+    return {"ids": out.atom_ids, "forces": out.forces, "energy": out.energy, "counts": counts}
+
+
+@pytest.mark.slow  # ~1 to 2 min on the 2-core CI machine; run with --run-slow
+def test_mpnn_d3_pme_pipeline_on_3_ranks_equals_one_process() -> None:
+    got = run_ranks(run_mixed, 3, 2, timeout_s=900)[0]
+    dyn = VelocityVerlet(build_model(MIXED), _system(), dt_fs=0.5)
+    dyn.run(2)
+    ref = dyn.batch
+    assert_close_by_id(
+        got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
+    )
+    energy = build_model(MIXED)(ref)["energy"]
+    torch.testing.assert_close(got["energy"], energy, rtol=0, atol=1e-10)
+    # positions, and ONE fold, for all three components; the MPNN's 2 refreshes per
+    # layer forward and backward and D3's CN refresh and its adjoint on top.
+    assert got["counts"]["all_to_all_single"] == 2 + 4 * 2 + 2, got["counts"]

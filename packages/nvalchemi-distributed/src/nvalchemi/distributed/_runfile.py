@@ -1,0 +1,187 @@
+"""Run files for ``nvdd run --run-file FILE``: a system and a (composed) model in TOML.
+
+Example (LJ + Ewald on rock salt)::
+
+    [system]
+    builtin = "nacl"        # rock-salt NaCl, charges +1 / -1 (or: structure = "x.extxyz")
+    cells = 4               # conventional cells per edge (8 atoms each)
+    charges = { 11 = 1.0, 17 = -1.0 }   # per element; required with `structure`
+
+    [[model]]
+    kind = "lj"
+    cutoff = 8.0
+    species = { 11 = [0.1, 2.35], 17 = [0.1, 4.0] }   # epsilon (eV), sigma (A)
+    pairs = { "11-17" = [0.5, 2.6] }
+
+    [[model]]
+    kind = "ewald"          # or "pme"
+    cutoff = 8.0
+    accuracy = 1e-6
+
+Components: ``lj``, ``mpnn``, ``ewald``, ``pme``, ``d3`` (keys: their config
+fields; ``d3`` also ``functional``). Two or more components make an
+``nvdd.models.PipelineModel``, which ``DomainParallel`` runs under one halo as
+wide as the widest component needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+
+__all__ = ["build_model", "build_system", "load_run_file", "rocksalt"]
+
+NACL_A = 5.64  # Angstrom
+_MASSES = {11: 22.99, 17: 35.45}
+
+
+def load_run_file(path: str | Path) -> dict[str, Any]:
+    """The parsed run file (``system`` table and ``model`` array).
+
+    Raises
+    ------
+    ConfigurationError
+        Unreadable TOML, or no ``[[model]]`` entry.
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigurationError(f"run file {str(path)!r}: {exc}") from exc
+    if not data.get("model"):
+        raise ConfigurationError(f"run file {str(path)!r} has no [[model]] entry")
+    return data
+
+
+def _int_keys(table: dict[str, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in table.items()}
+
+
+def _component(entry: dict[str, Any]) -> Any:
+    try:
+        import nvdd.models as m
+    except ImportError as exc:
+        raise OptionalDependencyError(
+            "nvdd-models", "--run-file", extra="nvalchemi-distributed[models]"
+        ) from exc
+    entry = dict(entry)
+    kind = entry.pop("kind", None)
+    try:
+        if kind == "lj":
+            species = {
+                z: (float(v[0]), float(v[1]))
+                for z, v in _int_keys(entry.pop("species", {})).items()
+            }
+            pairs: dict[tuple[int, int], tuple[float, float]] = {}
+            for key, v in entry.pop("pairs", {}).items():
+                a, b = (int(z) for z in str(key).split("-"))
+                pairs[(a, b)] = (float(v[0]), float(v[1]))
+            return m.LennardJones(m.LJConfig(species=species, pairs=pairs, **entry))
+        if kind == "mpnn":
+            return m.ReferenceMPNN(m.MPNNConfig(**entry))
+        if kind == "ewald":
+            return m.Ewald(m.EwaldConfig(**entry))
+        if kind == "pme":
+            if "mesh" in entry:
+                entry["mesh"] = tuple(entry["mesh"])
+            return m.ParticleMeshEwald(m.PMEConfig(**entry))
+        if kind == "d3":
+            name = entry.pop("functional", None)
+            if name is not None:
+                return m.DFTD3(m.D3Config.from_functional(name, **entry))
+            return m.DFTD3(m.D3Config(**entry))
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ConfigurationError(f"run file: [[model]] kind = {kind!r}: {exc}") from exc
+    raise ConfigurationError(
+        f"run file: unknown [[model]] kind {kind!r} (lj, mpnn, ewald, pme, d3)"
+    )
+
+
+def build_model(data: dict[str, Any]) -> Any:
+    """The model of a run file: one component, or a ``PipelineModel`` of several."""
+    parts = [_component(e) for e in data["model"]]
+    if len(parts) == 1:
+        return parts[0]
+    from nvdd.models import PipelineModel
+
+    return PipelineModel(parts)
+
+
+def rocksalt(
+    cells: int, *, dtype: torch.dtype, temperature_k: float, seed: int, jitter: float = 0.0
+) -> Batch:
+    """Rock-salt NaCl, ``cells**3`` conventional cells (8 atoms each), charges +1 / -1,
+    Maxwell-Boltzmann velocities with zero momentum."""
+    fcc = torch.tensor([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=dtype)
+    frac, z = [], []
+    for ijk in itertools.product(range(cells), repeat=3):
+        base = torch.tensor(ijk, dtype=dtype)
+        for b in fcc:
+            frac += [b + base, b + base + torch.tensor([0.5, 0.0, 0.0], dtype=dtype)]
+            z += [11, 17]
+    g = torch.Generator().manual_seed(seed)
+    positions = torch.stack(frac) * NACL_A
+    positions = positions + jitter * torch.randn(positions.shape, generator=g, dtype=dtype)
+    n = positions.shape[0]
+    zs = torch.tensor(z)
+    masses = torch.tensor([_MASSES[int(a)] for a in z], dtype=dtype)
+    v = torch.randn(n, 3, generator=g, dtype=dtype)
+    v = v * torch.sqrt(8.617333262e-5 * temperature_k / masses)[:, None]
+    v = v - (masses[:, None] * v).sum(0) / masses.sum()
+    cell = torch.eye(3, dtype=dtype) * cells * NACL_A
+    positions = torch.remainder(positions, cells * NACL_A)
+    charges = torch.where(zs == 11, 1.0, -1.0).to(dtype)
+    return Batch(
+        positions=positions,
+        atomic_numbers=zs,
+        masses=masses,
+        velocities=v,
+        cell=cell,
+        pbc=[True, True, True],
+        atom_extras={"charges": charges},
+    )
+
+
+def build_system(
+    data: dict[str, Any],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    temperature_k: float,
+    seed: int,
+) -> Batch:
+    """The system of a run file (a built-in crystal, or a structure file with charges)."""
+    system = dict(data.get("system", {}))
+    if "structure" in system:
+        try:
+            from ase.io import read
+        except ImportError as exc:
+            raise OptionalDependencyError(
+                "ase", "--run-file structure", extra="nvdd-core[ase]"
+            ) from exc
+        batch = Batch.from_ase(read(system["structure"]), dtype=dtype, device=device)
+        if "charges" in system:
+            from nvdd.models import assign_charges
+
+            batch = assign_charges(batch, _int_keys(system["charges"]))
+        return batch
+    builtin = system.get("builtin", "nacl")
+    if builtin != "nacl":
+        raise ConfigurationError(f"run file: unknown [system] builtin {builtin!r} (nacl)")
+    batch = rocksalt(
+        int(system.get("cells", 3)),
+        dtype=dtype,
+        temperature_k=temperature_k,
+        seed=seed,
+        jitter=float(system.get("jitter", 0.0)),
+    )
+    if "charges" in system:
+        from nvdd.models import assign_charges
+
+        batch = assign_charges(batch, _int_keys(system["charges"]))
+    return batch.to(device)

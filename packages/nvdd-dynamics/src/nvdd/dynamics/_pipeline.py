@@ -1,0 +1,220 @@
+"""`DistributedPipelineModel`: a composed model (a sum of components) under one halo.
+
+Per call, on top of :class:`DistributedModel`'s rebuild check and migration:
+
+1. one forward exchange of ghost positions, shared by every component;
+2. each component on the same ``[owned | ghost]`` rows inside the DD context,
+   communicating as its own spec says (a CN refresh, a structure-factor or mesh
+   all-reduce, per-layer folds, ...), with its own positions leaf when its
+   forces come from autograd;
+3. the components' padded forces summed, then ONE reverse exchange folds the
+   ghost rows into their owners (not one per component); a component whose
+   spec declares direct forces ``OWNED_ONLY`` adds its owned rows only;
+4. every other output consolidated by its component's spec: per-rank partials
+   (``Reduce.ALL_REDUCE``) summed locally and kept pending (one all-reduce when
+   a hook asks, as for a single model); values already global on every rank
+   (``OWNED_ONLY``) summed and added to the reduced partials.
+
+The halo is as wide as the widest component needs:
+``max(cutoff_c + extra_ghost_width_c) + skin`` (+ the migration hysteresis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.dynamics._config import DomainConfig
+from nvdd.dynamics._consolidate import consolidate
+from nvdd.dynamics._distributed_model import DistributedModel, _folds_forces
+from nvdd.shardtensor import dd_scope
+from nvdd.spec import ForceStrategy, MLIPSpec
+
+__all__ = ["DistributedPipelineModel", "distributed_model_for", "pipeline_components"]
+
+
+def pipeline_components(model: Any) -> tuple[Any, ...] | None:
+    """The components of a composed model (its ``pipeline_components``), else None."""
+    parts = getattr(model, "pipeline_components", None)
+    if parts is None:
+        return None
+    parts = tuple(parts)
+    if not parts:
+        raise ConfigurationError(f"{type(model).__name__}.pipeline_components is empty")
+    return parts
+
+
+def distributed_model_for(
+    model: Any, config: DomainConfig, *, spec: MLIPSpec | None = None, **kwargs: Any
+) -> DistributedModel:
+    """The runtime adapter of ``model``: a :class:`DistributedPipelineModel` for a
+    composed model (one exposing ``pipeline_components``, e.g.
+    ``nvdd.models.PipelineModel``), else a :class:`DistributedModel`.
+
+    Raises
+    ------
+    ConfigurationError
+        A ``spec`` override with a pipeline (each component brings its own).
+    """
+    parts = pipeline_components(model)
+    if parts is None:
+        return DistributedModel(model, config, spec=spec, **kwargs)
+    if spec is not None:
+        raise ConfigurationError(
+            "DomainParallel(spec=...) cannot override a pipeline's spec: each component is "
+            "consolidated by its own distribution_spec; set the components' specs instead"
+        )
+    return DistributedPipelineModel(parts, config, pipeline=model, **kwargs)
+
+
+class DistributedPipelineModel(DistributedModel):
+    """Domain decomposition of a composed (pipeline) model: the sum of its components.
+
+    Parameters
+    ----------
+    models:
+        The components (each a ``BaseModelMixin``), or a composed model exposing
+        ``pipeline_components``.
+    config:
+        The :class:`DomainConfig`; its cutoff must cover every component's.
+    pipeline:
+        The composed model the components come from (its ``distributed_setup``
+        / ``distributed_teardown`` are called); default: none.
+    **kwargs:
+        As :class:`DistributedModel` (``count``, ``sync_timings``).
+
+    Notes
+    -----
+    **Collective** like :class:`DistributedModel`: per call one rebuild flag
+    all-reduce, one forward and one reverse exchange, plus what each component's
+    spec asks for.
+    """
+
+    #: One rank still runs the components on padded rows (each by its own spec).
+    _single_rank_passthrough = False
+
+    def __init__(
+        self,
+        models: Sequence[Any] | Any,
+        config: DomainConfig,
+        *,
+        pipeline: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        parts = pipeline_components(models)
+        if parts is not None:
+            pipeline, models = models, parts
+        models = list(models)
+        if not models:
+            raise ConfigurationError("DistributedPipelineModel needs at least one model")
+        self.components = [(m, m.distribution_spec(config.strategy)) for m in models]
+        specs = [s for _, s in self.components]
+        merged = specs[0]
+        for s in specs[1:]:
+            merged = merged | s
+        reach = max(
+            float(getattr(m, "cutoff", 0.0)) + s.options.extra_ghost_width
+            for m, s in self.components
+        )
+        options = dataclasses.replace(
+            merged.options, extra_ghost_width=max(0.0, reach - config.cutoff)
+        )
+        merged = merged.replace(options=options)
+        self.pipeline = pipeline
+        super().__init__(_Components(models, pipeline), config, spec=merged, **kwargs)
+
+    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
+        plan, static = self.plan, self._static
+        assert static is not None and self.pending is not None
+        owned = local.positions.detach()
+        padded = torch.cat([owned, plan.ghost_positions(owned, local.cell).detach()])
+        t0 = self._timer("exchange", t0)
+        f_padded = torch.zeros_like(padded)
+        n = plan.n_owned
+        f_owned = torch.zeros_like(owned)  # components whose spec says owned rows are exact
+        finals: dict[str, torch.Tensor] = {}
+        partials: dict[str, torch.Tensor] = {}
+        for model, spec in self.components:
+            autograd = spec.force_strategy is ForceStrategy.AUTOGRAD
+            leaf = padded.detach().requires_grad_(autograd)
+            batch = static.replace(positions=leaf, cell=local.cell)
+            with (
+                dd_scope(self._context(plan, leaf)),
+                torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
+            ):
+                raw = dict(model(batch))
+            f_component = _padded_forces(model, spec, raw, leaf)
+            if _folds_forces(spec):
+                f_padded = f_padded + f_component
+            else:
+                f_owned = f_owned + f_component[:n]
+            final, partial = consolidate(
+                {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
+                spec,
+                plan,
+                self.sharded.group,
+            )
+            for target, values in ((finals, final), (partials, partial)):
+                for k, v in values.items():
+                    if isinstance(v, torch.Tensor):
+                        target[k] = target[k] + v if k in target else v
+        t0 = self._timer("model", t0)
+        forces = f_owned + f_padded[:n] + plan.reverse(f_padded[n:])
+        t0 = self._timer("fold", t0)
+        base = {k: finals.pop(k) for k in list(finals) if k in partials}
+        self.pending.set(partials, base=base)
+        finals["forces"] = forces
+        self._timer("reduce", t0)
+        return finals  # type: ignore[return-value]
+
+
+def _padded_forces(
+    model: Any, spec: MLIPSpec, raw: dict[str, Any], leaf: torch.Tensor
+) -> torch.Tensor:
+    """A component's forces on every padded row (its own, or ``-dE/dx`` by autograd)."""
+    if "forces" in raw:
+        f = raw.pop("forces")
+    elif spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
+        (grad,) = torch.autograd.grad(raw["energy"].sum(), leaf, allow_unused=True)
+        f = -grad if grad is not None else torch.zeros_like(leaf)
+    else:
+        raise ValidationError(
+            f"{type(model).__name__} returned neither 'forces' nor a differentiable 'energy' "
+            f"(got {sorted(raw)}) under {spec.force_strategy}"
+        )
+    if f.shape != leaf.shape:
+        raise ValidationError(
+            f"{type(model).__name__}: forces have shape {tuple(f.shape)}, expected the padded "
+            f"rows {tuple(leaf.shape)}"
+        )
+    out: torch.Tensor = f.detach()
+    return out
+
+
+class _Components:
+    """What :class:`DistributedModel` sees of a pipeline: the largest cutoff, and the
+    scope hooks forwarded to the composed model (or to every component)."""
+
+    def __init__(self, models: Sequence[Any], pipeline: Any) -> None:
+        self.models = list(models)
+        self.pipeline = pipeline
+        self.cutoff = max(float(getattr(m, "cutoff", 0.0)) for m in self.models)
+
+    def distributed_setup(self, ctx: Any) -> None:
+        for target in [self.pipeline] if self.pipeline is not None else self.models:
+            setup = getattr(target, "distributed_setup", None)
+            if setup is not None:
+                setup(ctx)
+
+    def distributed_teardown(self) -> None:
+        for target in [self.pipeline] if self.pipeline is not None else self.models:
+            teardown = getattr(target, "distributed_teardown", None)
+            if teardown is not None:
+                teardown()
+
+    def __call__(self, batch: Batch) -> ModelOutputs:  # pragma: no cover - never called
+        raise RuntimeError("the pipeline runs its components one by one")
