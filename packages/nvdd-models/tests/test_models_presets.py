@@ -21,7 +21,6 @@ from nvdd.spec import (
     SPEC_LJ_HALO,
     SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
-    SPEC_UMA_HALO,
     ScatterMode,
     StrategyKind,
     StrategyOptions,
