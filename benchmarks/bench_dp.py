@@ -347,6 +347,7 @@ def dd(
             ghosts = dp.stats.n_ghost
     return {
         "ms_per_step": 1000 * elapsed / steps,
+        "atoms": int(sum(counts)),
         "shares": shares,
         "owned": counts,
         "ghosts_rank0": ghosts,
@@ -391,7 +392,7 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n{title}")
     cols = ("exchange", "fold", "migrate", "plan")
     print(
-        f"{'run':<22}{'ranks':>6}{'ms/step':>10}{'nvdd/peer':>10}{'vs raw':>8}{'eff.':>7}"
+        f"{'run':<30}{'ranks':>6}{'ms/step':>10}{'nvdd/peer':>10}{'vs raw':>8}{'eff.':>7}"
         f"{'B/atom':>8}" + "".join(f"{c:>9}" for c in cols)
     )
     for r in rows:
@@ -402,10 +403,12 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
             else math.nan
         )
         speed = raw_row["ms_per_step"] / ms if raw_row is not None else math.nan
-        per_atom = r.get("peak_bytes", 0) / max(1, r.get("atoms", 0) or 1)
+        # peak bytes of rank 0 over its owned atoms (the whole system on one rank)
+        owned = r.get("owned", [r.get("atoms", 0)])[0] or 1
+        per_atom = r.get("peak_bytes", 0) / owned
         shares = r.get("shares", {})
         print(
-            f"{r['run']:<22}{r['ranks']:>6}{ms:>10.2f}{ratio:>10.2f}{speed:>8.2f}"
+            f"{r['run']:<30}{r['ranks']:>6}{ms:>10.2f}{ratio:>10.2f}{speed:>8.2f}"
             f"{speed / r['ranks']:>7.2f}{per_atom:>8.0f}"
             + "".join(f"{100 * shares.get(c, 0.0):>8.1f}%" for c in cols)
         )
