@@ -26,16 +26,29 @@ from nvdd.core._errors import (
     ValidationError,
 )
 from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
+from nvdd.core._files import AppendLog, atomic_write
+from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
+from nvdd.core._watchdog import (
+    DEFAULT_WATCHDOG_S,
+    WATCHDOG_ENV,
+    WATCHDOG_EXIT_CODE,
+    RankProgress,
+    Watchdog,
+)
 
 __all__ = [
     "ATOMIC_MASSES",
     "DEFAULT_MESH_DIM",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WATCHDOG_S",
     "PER_ATOM_FIELDS",
     "PER_SYSTEM_FIELDS",
+    "WATCHDOG_ENV",
+    "WATCHDOG_EXIT_CODE",
+    "AppendLog",
     "Batch",
     "CapacityOverflowError",
     "CommunicationError",
@@ -45,16 +58,21 @@ __all__ = [
     "NvddError",
     "OptionalDependencyError",
     "RankFailedError",
+    "RankProgress",
     "RankTimeoutError",
     "ValidationError",
+    "Watchdog",
     "__version__",
     "any_rank",
+    "atomic_write",
     "check_cell",
     "comm_device",
+    "cpu_threads_per_rank",
     "default_backend",
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "install_teardown",
     "make_mesh",
     "masses_for",
     "raise_if_any_rank",

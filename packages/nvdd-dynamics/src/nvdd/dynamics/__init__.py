@@ -9,6 +9,12 @@ from nvdd.dynamics._base import (
     ModelForceProvider,
     Reducer,
 )
+from nvdd.dynamics._checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from nvdd.dynamics._collectives import COUNTED_COLLECTIVES, MeshReducer, count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, consolidate
@@ -22,6 +28,7 @@ from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and
 __all__ = [
     "ASE_TIME_PER_FS",
     "COUNTED_COLLECTIVES",
+    "CheckpointError",
     "DDStats",
     "DistributedModel",
     "DistributedPipelineModel",
@@ -49,6 +56,9 @@ __all__ = [
     "__version__",
     "atom_normal",
     "kinetic_energy",
+    "load_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
     "temperature",
     "trace_and_validate",
 ]

@@ -119,6 +119,9 @@ class BaseDynamics:
         self.reducer: Reducer = Reducer()
         self.force_provider: ForceProvider = ModelForceProvider(model)
         self.hook_runner: HookRunner = _run_hooks_locally
+        #: Called with ``(step_count, stage)`` at every hook stage (a progress beat
+        #: for a watchdog; set by DomainParallel), whether or not hooks are due.
+        self.heartbeat: Callable[[int, HookStage], None] | None = None
         self._forces_ready = False
 
     # ---------------------------------------------------------------- hooks
@@ -141,6 +144,8 @@ class BaseDynamics:
         self.hooks.remove(hook)
 
     def _fire(self, stage: HookStage) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat(self.step_count, stage)
         due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
         if due:
             self.hook_runner(self, stage, due)

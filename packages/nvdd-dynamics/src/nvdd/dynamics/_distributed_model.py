@@ -236,6 +236,14 @@ class DistributedModel:
         outputs = self._forward(local, t0)
         return local, outputs
 
+    def request_rebuild(self) -> None:
+        """Migrate and rebuild the halo plan at the next call, whatever moved.
+
+        Local, but every rank must call it before the same step (a checkpoint
+        does, so that a run and its restart rebuild at the same step).
+        """
+        self._ref_positions = None
+
     def _needs_rebuild(self, batch: Batch) -> bool:
         ref = self._ref_positions
         if ref is None or ref.shape != batch.positions.shape or self.config.skin == 0:

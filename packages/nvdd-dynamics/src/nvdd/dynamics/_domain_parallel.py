@@ -11,10 +11,13 @@ import torch.distributed as dist
 from nvdd.core import (
     Batch,
     ConfigurationError,
+    Watchdog,
     get_rank,
     get_world_size,
     init_distributed,
+    install_teardown,
 )
+from nvdd.dynamics import _checkpoint, _progress
 from nvdd.dynamics._base import BaseDynamics, Reducer, _run_hooks_locally
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
@@ -71,6 +74,12 @@ class DomainParallel:
         one without a torchrun environment).
     sync_timings:
         Exact per-phase timings on GPUs (synchronises; for benchmarks).
+    watchdog_s:
+        Seconds a rank may go without progress before its
+        :class:`~nvdd.core.Watchdog` names the silent rank(s) and ends the job;
+        default ``$NVDD_WATCHDOG_S`` or 120; 0 disables. It beats at every hook
+        stage of every step and runs from :meth:`partition` (or :meth:`load`) to
+        :meth:`close`.
 
     Notes
     -----
@@ -91,6 +100,7 @@ class DomainParallel:
         backend: str | None = None,
         timeout_s: float = 600.0,
         sync_timings: bool = False,
+        watchdog_s: float | None = None,
     ) -> None:
         if not isinstance(dynamics, BaseDynamics):
             raise ConfigurationError(
@@ -106,6 +116,7 @@ class DomainParallel:
         if not dist.is_initialized():
             device = dynamics.batch.device if isinstance(dynamics.batch, Batch) else None
             init_distributed(backend=backend, device=device, timeout_s=timeout_s)
+        install_teardown()  # the process group ends cleanly at exit, whoever created it
         self.config = config
         self.dynamics = dynamics
         self.group = _resolve_group(config)
@@ -115,6 +126,7 @@ class DomainParallel:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
         self.model = DistributedModel(dynamics.model, config, spec=spec, sync_timings=sync_timings)
+        self.watchdog = Watchdog(watchdog_s, group=self.group)
         self._sharded: ShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
@@ -135,17 +147,38 @@ class DomainParallel:
         """Counters and timings of the distributed model."""
         return self.model.stats
 
-    def partition(self, batch: Batch | None = None) -> ShardedBatch:
+    def partition(
+        self, batch: Batch | None = None, *, sharded: ShardedBatch | None = None
+    ) -> ShardedBatch:
         """Scatter the system from ``src`` and build the first halo plan.
 
         **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
         ``src``; other ranks' arguments are ignored. Each rank receives only its
-        own atoms (O(N/P) memory).
+        own atoms (O(N/P) memory). Pass ``sharded`` instead to adopt atoms that
+        are already distributed (a restart: :meth:`load`); its partitioner's
+        ghost width must be the model's.
         """
         if self._sharded is not None:
             raise ConfigurationError("DomainParallel.partition: already partitioned")
-        cfg = self.config
+        _progress.watch(self, "partition")
         ghost_width = self.model.ghost_width
+        if sharded is not None:
+            _checkpoint.check_adoptable(sharded, ghost_width)
+        else:
+            sharded = self._scatter(batch, ghost_width)
+        self.model.attach(sharded)
+        self._sharded = sharded
+        dyn = self.dynamics
+        dyn.batch = sharded.local_batch
+        dyn.force_provider = self.model
+        dyn.reducer = MeshReducer(self.group)
+        dyn.hook_runner = self._run_hooks
+        dyn._forces_ready = False
+        dyn.heartbeat = _progress.stage_beat(self)
+        return sharded
+
+    def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch:
+        cfg = self.config
         kwargs: dict[str, Any] = {
             "grid_dims": cfg.grid_dims,
             "balance": BalanceMode.QUANTILE if cfg.load_balance else BalanceMode.UNIFORM,
@@ -160,16 +193,7 @@ class DomainParallel:
         source = None
         if self.rank == self.src:
             source = batch if batch is not None else self.dynamics.batch
-        sharded = ShardedBatch.from_batch(source, self.group, factory, src=self.src)
-        self.model.attach(sharded)
-        self._sharded = sharded
-        dyn = self.dynamics
-        dyn.batch = sharded.local_batch
-        dyn.force_provider = self.model
-        dyn.reducer = MeshReducer(self.group)
-        dyn.hook_runner = self._run_hooks
-        dyn._forces_ready = False
-        return sharded
+        return ShardedBatch.from_batch(source, self.group, factory, src=self.src)
 
     # ------------------------------------------------------------- hooks
     def register_hook(
@@ -252,6 +276,20 @@ class DomainParallel:
         self.totals()
         return self._sync().gather(dst)
 
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> Any:
+        """Write a restartable checkpoint of the whole run to the directory ``path``.
+
+        **Collective**. See :func:`nvdd.dynamics.save_checkpoint`.
+        """
+        return _checkpoint.save_checkpoint(self, path, metadata=metadata)
+
+    def load(self, path: Any) -> Any:
+        """Restart from a checkpoint instead of :meth:`partition` (any world size).
+
+        **Collective**. See :func:`nvdd.dynamics.load_checkpoint`.
+        """
+        return _checkpoint.load_checkpoint(self, path)
+
     def to_global(self) -> Batch:
         """The whole system on every rank. **Collective**."""
         self.totals()
@@ -263,6 +301,7 @@ class DomainParallel:
         The integrator keeps this rank's owned atoms; gather first to keep the
         whole system. Idempotent; the process group stays (it is the caller's).
         """
+        self.watchdog.stop()
         if self._sharded is None:
             return
         try:
@@ -270,6 +309,7 @@ class DomainParallel:
         finally:
             dyn = self.dynamics
             dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
+            dyn.heartbeat = None
             self._sharded = None
 
     def __enter__(self) -> DomainParallel:
