@@ -95,7 +95,9 @@ def install_teardown(*, signals: bool = True, grace_s: float = DEFAULT_EXIT_GRAC
       thread, so ``finally`` blocks, atomic writers and the teardown run; if the
       main thread is stuck in native code and the process has not ended
       ``grace_s`` seconds after the signal, it ends with status 143 regardless.
-      SIGINT keeps Python's ``KeyboardInterrupt``, which unwinds the same way.
+      SIGINT keeps Python's ``KeyboardInterrupt``, which unwinds the same way;
+    - after an uncaught exception, one more line names the rank whose failure
+      ended the job (see ``nvdd.core._failures``).
 
     :func:`nvdd.core.init_distributed` calls it; so does ``DomainParallel``.
     """
@@ -104,6 +106,9 @@ def install_teardown(*, signals: bool = True, grace_s: float = DEFAULT_EXIT_GRAC
         if not _atexit_done:
             atexit.register(teardown)
             _atexit_done = True
+    from nvdd.core._failures import install_failure_report
+
+    install_failure_report()
     if signals:
         _install_signal_handlers(grace_s)
 
@@ -119,7 +124,14 @@ def _install_signal_handlers(grace_s: float) -> None:
     _start_grace_watcher(grace_s)
 
 
+#: Set while an uncaught exception is being reported: SIGTERM then only marks the
+#: process for exit (it is exiting anyway) instead of cutting the report short.
+reporting_failure = threading.Event()
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if reporting_failure.is_set():
+        return
     raise SystemExit(128 + signum)
 
 

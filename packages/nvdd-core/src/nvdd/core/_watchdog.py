@@ -73,6 +73,8 @@ class RankProgress:
         The main thread's innermost frames, ``"function (file:line)"``.
     finished:
         The rank stopped its watchdog (its part of the job is over).
+    in_collective:
+        The main thread was inside ``torch.distributed`` (waiting in a collective).
     """
 
     rank: int
@@ -82,6 +84,7 @@ class RankProgress:
     pulse: int
     where: str
     finished: bool = False
+    in_collective: bool = False
 
 
 def resolve_timeout(timeout_s: float | None) -> float:
@@ -191,8 +194,8 @@ class Watchdog:
 
     @property
     def interval_s(self) -> float:
-        """Seconds between publications: a tenth of the timeout, within [0.05, 5]."""
-        return min(5.0, max(0.05, self.timeout_s / 10.0))
+        """Seconds between publications: a tenth of the timeout, within [0.05, 2]."""
+        return min(2.0, max(0.05, self.timeout_s / 10.0))
 
     @classmethod
     def current(cls) -> Watchdog | None:
@@ -272,6 +275,7 @@ class Watchdog:
                 "pulse": self._pulse,
                 "where": _main_thread_where(),
                 "finished": self._stopped,
+                "in_collective": _main_thread_in_collective(),
             }
         )
 
@@ -300,7 +304,31 @@ class Watchdog:
                 pulse=int(data["pulse"]),
                 where=str(data["where"]),
                 finished=bool(data.get("finished", False)),
+                in_collective=bool(data.get("in_collective", False)),
             )
+        return out
+
+    def silent_ranks(self, earlier: dict[int, RankProgress] | None = None) -> list[int]:
+        """Ranks (other than this one) that stopped publishing: no entry, or a pulse
+        that did not advance since ``earlier`` (a :meth:`progress` snapshot taken at
+        least two intervals before), and not finished.
+
+        Without ``earlier``, takes one and waits two intervals (blocks that long).
+        """
+        if self._kv is None:
+            return []
+        first = earlier
+        if first is None:
+            first = self.progress()
+            time.sleep(2.0 * self.interval_s + 0.1)
+        second = self.progress()
+        out = []
+        for r in self._ranks:
+            if r == self._rank:
+                continue
+            p = second.get(r)
+            if p is None or (not p.finished and r in first and first[r].pulse == p.pulse):
+                out.append(r)
         return out
 
     def _run(self) -> None:
@@ -395,6 +423,11 @@ class Watchdog:
         seen = {r: p for r, p in second.items() if r not in frozen}
         most = max((p.beats for p in second.values()), default=self._beats)
         behind = sorted(r for r, p in seen.items() if p.beats < most)
+        stuck: list[int] = []
+        if not behind and any(p.in_collective for p in seen.values()):
+            # Same progress everywhere, but some ranks wait in a collective that the
+            # others never entered: those others hold the job up.
+            stuck = sorted(r for r, p in seen.items() if not p.in_collective)
         for r in missing:
             lines.append(f"  rank {r}: missing: it never published (not started, or dead)")
         for r in frozen:
@@ -410,7 +443,13 @@ class Watchdog:
                 f"  rank {r}: behind: last progress {p.label!r} {p.idle_s:.1f} s ago "
                 f"(beat {p.beats} of {most}), main thread at {p.where}"
             )
-        silent = sorted(set(missing) | set(frozen) | set(behind))
+        for r in stuck:
+            p = seen[r]
+            lines.append(
+                f"  rank {r}: stuck outside the collective the others wait in: at {p.label!r} "
+                f"for {p.idle_s:.1f} s, main thread at {p.where}"
+            )
+        silent = sorted(set(missing) | set(frozen) | set(behind) | set(stuck))
         if silent:
             lines.append(f"silent rank(s): {silent}.")
         else:
