@@ -64,3 +64,33 @@ def restart(integrator: str, n_after: int, path: str) -> dict[str, Any] | None:
         out["step_count"] = dyn.step_count
         out["manifest_world"] = manifest["world_size"]
     return out
+
+
+def save_twice_second_fails(path: str, culprit: int) -> str:
+    """A checkpoint, then a second one during which ``culprit``'s disk is full
+    (simulated: its shard writer raises ENOSPC after half a file)."""
+    import errno
+
+    import torch.distributed as dist
+
+    from nvdd.dynamics import CheckpointError, _checkpoint
+
+    dyn = _dynamics("nve")
+    with DomainParallel(dyn, DomainConfig(cutoff=LJ_CUTOFF, skin=0.5)) as dp:
+        dp.partition()
+        dp.run(2)
+        dp.save(path)
+        dp.run(1)
+        if dist.get_rank() == culprit:
+
+            def full(file: Any, **arrays: Any) -> None:
+                file.write(b"PK\x03\x04 half a shard")
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            _checkpoint.np.savez = full  # type: ignore[assignment]
+        try:
+            dp.save(path)
+        except CheckpointError as exc:
+            dp.run(1)  # every rank is still in step with the others
+            return str(exc)
+    return "no error"

@@ -28,7 +28,7 @@ def test_partition_adopts_a_sharded_batch_only_with_the_model_ghost_width() -> N
     dyn = VelocityVerlet(SoftPair(), batch, dt_fs=1.0)
     dp = DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.4), watchdog_s=0)
     wrong = SpatialPartitioner.from_batch(batch, 1, 1.0)
-    with pytest.raises(ConfigurationError, match="ghost width 1.0"):
+    with pytest.raises(ConfigurationError, match=r"ghost width 1\.0"):
         dp.partition(sharded=ShardedBatch(batch, wrong))
     right = SpatialPartitioner.from_batch(batch, 1, dp.model.ghost_width)
     try:

@@ -44,9 +44,10 @@ def test_round_trip_through_json_keeps_every_box(
     assert (back.ghost_width, back.skin, back.balance) == (part.ghost_width, 0.5, balance)
     probe, psi = _atoms(500, 2, 12.0)
     assert torch.equal(back.owner_of(probe - 1.5, psi), part.owner_of(probe - 1.5, psi))
-    assert torch.equal(
-        back.owned_counts(pos, si), part.owned_counts(pos, si)
-    ) and back.imbalance() == part.imbalance()
+    assert (
+        torch.equal(back.owned_counts(pos, si), part.owned_counts(pos, si))
+        and back.imbalance() == part.imbalance()
+    )
 
 
 def test_from_dict_rejects_what_to_dict_did_not_write() -> None:

@@ -44,9 +44,9 @@ _lock = threading.Lock()
 
 
 def _store() -> Any:
-    from torch.distributed import distributed_c10d
+    from torch.distributed.distributed_c10d import PrefixStore, _get_default_store
 
-    return dist.PrefixStore(_PREFIX, distributed_c10d._get_default_store())
+    return PrefixStore(_PREFIX, _get_default_store())
 
 
 def is_collective_failure(exc: BaseException) -> bool:
@@ -134,9 +134,9 @@ class _Liveness:
     intervals apart: the first taken now, the second by :meth:`silent`."""
 
     def __init__(self) -> None:
-        from nvdd.core._watchdog import Watchdog
+        from nvdd.core._watchdog import latest_watchdog
 
-        self.wd = Watchdog.current()
+        self.wd = latest_watchdog()
         self.t0 = time.monotonic()
         self.first: dict[int, Any] = {}
         if self.wd is not None:
@@ -161,9 +161,7 @@ def install_failure_report() -> None:
         _installed = True
     previous = sys.excepthook
 
-    def hook(
-        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-    ) -> None:
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         previous(exc_type, exc, tb)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             return

@@ -130,7 +130,11 @@ reporting_failure = threading.Event()
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if reporting_failure.is_set():
+    # A process that is already failing (an exception unwinds through ``finally``
+    # and ``__exit__`` blocks, or is being reported) ends by itself in a moment;
+    # replacing its exception with SystemExit would hide the cause. The grace
+    # watcher still ends it if it does not.
+    if reporting_failure.is_set() or sys.exc_info()[1] is not None:
         return
     raise SystemExit(128 + signum)
 

@@ -37,7 +37,8 @@ from nvdd.core._errors import ConfigurationError
 from nvdd.core._lifecycle import register_closer, unregister_closer
 
 if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup, Store
+    from torch.distributed import ProcessGroup
+    from torch.distributed.distributed_c10d import Store
 
 __all__ = ["DEFAULT_WATCHDOG_S", "WATCHDOG_ENV", "WATCHDOG_EXIT_CODE", "RankProgress", "Watchdog"]
 
@@ -50,6 +51,7 @@ WATCHDOG_EXIT_CODE = 75
 
 _generation = itertools.count()
 _current: list[Watchdog] = []
+_latest: list[Watchdog] = []  # the last one started, running or not
 _LIBRARY_DIRS = (os.sep + "torch" + os.sep, os.sep + "threading.py")
 
 
@@ -211,7 +213,9 @@ class Watchdog:
         if self._thread is not None or not self.enabled:
             return self
         store = self._store if self._store is not None else _default_store()
-        self._kv = dist.PrefixStore(f"nvdd/watchdog/{self._gen}/", store)
+        from torch.distributed.distributed_c10d import PrefixStore
+
+        self._kv = PrefixStore(f"nvdd/watchdog/{self._gen}/", store)
         self._rank = dist.get_rank()
         self._ranks = (
             dist.get_process_group_ranks(self._group)
@@ -225,6 +229,7 @@ class Watchdog:
         )
         self._thread.start()
         _current.append(self)
+        _latest[:] = [self]
         register_closer(self.stop)
         return self
 
@@ -466,6 +471,13 @@ class Watchdog:
             "this long."
         )
         return "\n".join(lines)
+
+
+def latest_watchdog() -> Watchdog | None:
+    """The last watchdog this process started, even if stopped since (an exception
+    that ends a ``DomainParallel`` block stops its watchdog before the failure is
+    reported; its store entries still tell which ranks went silent)."""
+    return _latest[0] if _latest else None
 
 
 def _default_store() -> Store:

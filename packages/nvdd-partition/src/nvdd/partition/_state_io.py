@@ -26,7 +26,8 @@ FORMAT_VERSION = 1
 
 
 def _f64(t: torch.Tensor) -> list[Any]:
-    return t.detach().cpu().to(torch.float64).tolist()  # type: ignore[no-any-return]
+    out: list[Any] = t.detach().cpu().to(torch.float64).tolist()
+    return out
 
 
 def state_to_dict(state: _State) -> dict[str, Any]:
