@@ -186,8 +186,13 @@ class Watchdog:
     # --------------------------------------------------------------- control
     @property
     def enabled(self) -> bool:
-        """False when the timeout is 0 or there is no process group to watch."""
-        return self.timeout_s > 0 and dist.is_available() and dist.is_initialized()
+        """False when the timeout is 0 or there is no group of two or more ranks."""
+        return (
+            self.timeout_s > 0
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size(self._group) > 1
+        )
 
     @property
     def running(self) -> bool:
