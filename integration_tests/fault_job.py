@@ -1,8 +1,9 @@
 """A small DomainParallel job with one injected fault (run under torchrun).
 
-Usage: ``torchrun --nproc-per-node 2 fault_job.py FAULT`` with FAULT one of
+Usage: ``torchrun --nproc-per-node 2 fault_job.py FAULT [cuda]`` with FAULT one of
 ``kill`` (rank 1 SIGKILLs itself mid-step), ``hang`` (rank 1 sleeps in a hook),
-``raise`` (the model's forward raises on rank 1), ``none``.
+``raise`` (the model's forward raises on rank 1), ``none``; ``cuda`` runs one
+rank per GPU over NCCL (the same checks on a GPU host).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ FAULT_STEP = 3
 class FaultyModel:
     """The LJ model, except that its forward raises on rank 1 at the fault step."""
 
-    def __init__(self, rank: int) -> None:
-        self.inner, self.rank, self.calls = lj_model(), rank, 0
+    def __init__(self, rank: int, device: Any) -> None:
+        self.inner, self.rank, self.calls = lj_model().to(device), rank, 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -37,10 +38,12 @@ class FaultyModel:
         return self.inner(batch)
 
 
-def main(fault: str) -> None:
-    env = init_distributed(backend="gloo")
-    model: Any = FaultyModel(env.rank) if fault == "raise" else lj_model()
-    dyn = VelocityVerlet(model, crystal("long"), dt_fs=4.0)
+def main(fault: str, device: str = "cpu") -> None:
+    env = init_distributed(backend="nccl" if device == "cuda" else "gloo")
+    model: Any = FaultyModel(env.rank, env.device) if fault == "raise" else lj_model()
+    if fault != "raise":
+        model = model.to(env.device)
+    dyn = VelocityVerlet(model, crystal("long").to(env.device), dt_fs=4.0)
 
     def hook(ctx: Any) -> None:
         if ctx.step == FAULT_STEP and env.rank == 1:
@@ -59,4 +62,4 @@ def main(fault: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -119,9 +119,11 @@ class BaseDynamics:
         self.reducer: Reducer = Reducer()
         self.force_provider: ForceProvider = ModelForceProvider(model)
         self.hook_runner: HookRunner = _run_hooks_locally
-        #: Called with ``(step_count, stage)`` at every hook stage (a progress beat
-        #: for a watchdog; set by DomainParallel), whether or not hooks are due.
-        self.heartbeat: Callable[[int, HookStage], None] | None = None
+        #: Called with ``(step_count, phase)`` at every hook stage (phase: the
+        #: stage's value), whether or not hooks are due, and again after due hooks
+        #: ran (``"<stage> hooks done"``): progress beats for a watchdog (set by
+        #: DomainParallel), so a rank stuck in a hook falls behind the others.
+        self.heartbeat: Callable[[int, str], None] | None = None
         self._forces_ready = False
 
     # ---------------------------------------------------------------- hooks
@@ -144,11 +146,14 @@ class BaseDynamics:
         self.hooks.remove(hook)
 
     def _fire(self, stage: HookStage) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat(self.step_count, stage)
+        beat = self.heartbeat
+        if beat is not None:
+            beat(self.step_count, stage.value)
         due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
         if due:
             self.hook_runner(self, stage, due)
+            if beat is not None:
+                beat(self.step_count, f"{stage.value} hooks done")
 
     # ------------------------------------------------------------ the step
     @property

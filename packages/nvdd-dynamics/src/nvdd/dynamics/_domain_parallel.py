@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -276,14 +278,14 @@ class DomainParallel:
         self.totals()
         return self._sync().gather(dst)
 
-    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> Any:
+    def save(self, path: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None) -> Path:
         """Write a restartable checkpoint of the whole run to the directory ``path``.
 
         **Collective**. See :func:`nvdd.dynamics.save_checkpoint`.
         """
         return _checkpoint.save_checkpoint(self, path, metadata=metadata)
 
-    def load(self, path: Any) -> Any:
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Restart from a checkpoint instead of :meth:`partition` (any world size).
 
         **Collective**. See :func:`nvdd.dynamics.load_checkpoint`.
