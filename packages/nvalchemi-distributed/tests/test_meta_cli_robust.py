@@ -70,6 +70,16 @@ def test_bad_arguments_fail_before_any_rank_starts(
     assert message in lines[0], lines[0]
 
 
+def test_ranks_started_by_another_launcher_check_the_arguments_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("NVDD_RUN_ARGV", raising=False)
+    assert main(["run", "--cutoff", "-1"]) == 2  # before init_distributed
+    assert "--cutoff must be > 0 A, got -1.0" in capsys.readouterr().err
+
+
 def test_cuda_without_gpus_is_refused_up_front(capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
@@ -163,57 +173,51 @@ def _job_processes(token: str) -> list[int]:
 
 
 @pytest.mark.gloo
-def test_sigterm_to_nvdd_stops_torchrun_and_its_workers(tmp_path: Path) -> None:
-    out = tmp_path / "sigterm-job"
-    args = [*TINY, "--nproc", "2", "--nvt-steps", "100000", "--nve-steps", "0"]
-    args += ["--traj-every", "0", "--compare", "none", "--out", str(out)]
+def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "job"
+    common = [*TINY, "--traj-every", "2", "--out", str(out)]
+    killed = [*common, "--nproc", "2", "--nvt-steps", "100000", "--nve-steps", "0"]
+    killed += ["--checkpoint-every", "2", "--compare", "none"]
     proc = subprocess.Popen(
-        _nvdd(*args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _nvdd(*killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 300
-        thermo = out / "thermo.csv"
-        while time.monotonic() < deadline:  # rows arrive while the run goes on: streamed
-            if thermo.exists() and thermo.read_text().count("\n") >= 3:
+        manifest = out / "checkpoint" / "manifest.json"
+        while time.monotonic() < deadline:  # thermo rows arrive during the run: streamed
+            if manifest.exists() and (out / "thermo.csv").read_text().count("\n") >= 3:
                 break
             assert proc.poll() is None, "the run ended early"
             time.sleep(0.2)
         else:
-            pytest.fail("no thermo rows were streamed")
+            pytest.fail("no checkpoint or no streamed thermo rows")
         assert len(_job_processes(str(out))) >= 3  # torchrun and two workers
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 128 + signal.SIGTERM
         assert time.monotonic() - t0 < 60
         time.sleep(1.0)
-        assert _job_processes(str(out)) == []
-        lines = thermo.read_text().splitlines()
-        assert all(len(line.split(",")) == 9 for line in lines)  # whole rows only
+        assert _job_processes(str(out)) == []  # torchrun and every worker are gone
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@pytest.mark.gloo
-def test_restart_from_a_checkpoint_on_another_number_of_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "job"
-    first = [*TINY, "--nproc", "2", "--nvt-steps", "4", "--traj-every", "2"]
-    first += ["--checkpoint-every", "2", "--compare", "none", "--out", str(out)]
-    res = subprocess.run(
-        _nvdd(*first, "--nve-steps", "2"), capture_output=True, text=True, timeout=600, env=_env()
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "checkpoint/" in _outputs_listed(res.stdout)
-    # Pretend the run was killed after step 6: continue it to step 10 on 3 ranks and
-    # compare with an uninterrupted 1-rank run of all 10 steps.
-    again = [*TINY, "--nproc", "3", "--nvt-steps", "4", "--nve-steps", "6", "--traj-every", "2"]
-    again += ["--compare", "trajectory", "--out", str(out), "--restart", str(out / "checkpoint")]
+    lines = (out / "thermo.csv").read_text().splitlines()
+    assert all(len(line.split(",")) == 9 for line in lines)  # whole rows only
+    step = json.loads(manifest.read_text())["metadata"]["step"]
+    assert 2 <= step <= 40 and step % 2 == 0
+    # Continue on 3 ranks to step 40 + 4 and compare with an uninterrupted
+    # 1-rank run of all 44 steps.
+    again = [*common, "--nproc", "3", "--nvt-steps", "40", "--nve-steps", "4"]
+    again += ["--compare", "trajectory", "--restart", str(out / "checkpoint")]
     res = subprocess.run(_nvdd(*again), capture_output=True, text=True, timeout=600, env=_env())
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "restart from" in res.stdout and "at step 6" in res.stdout
+    assert f"at step {step}" in res.stdout
     m = re.search(r"max \|dx\| = (\S+) A", res.stdout)
     assert m is not None and float(m.group(1)) < 1e-10, res.stdout
-    steps = [line.split(",")[0] for line in (out / "thermo.csv").read_text().splitlines()[1:]]
-    assert steps == ["2", "4", "6", "8", "10"]
-    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 5
+    steps = [int(line.split(",")[0]) for line in (out / "thermo.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(2, 45, 2))  # rows after the checkpoint were dropped, then redone
+    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 22
+    assert "checkpoint/" in _outputs_listed(res.stdout)

@@ -143,17 +143,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # pragma: no cover - argparse enforces the choice
         return 2
+    ours = _ARGS_ENV in os.environ  # started by our launcher: already checked there
+    if not (ours and _under_launcher()):
+        from nvalchemi.distributed._checks import validate
+
+        problems = validate(args)
+        for line in problems:
+            print(f"nvdd run: error: {line}", file=sys.stderr)
+        if problems:
+            return 2
     if _under_launcher():
         from nvalchemi.distributed._demo import run_rank
 
         return run_rank(args)
-    from nvalchemi.distributed._checks import validate
-
-    problems = validate(args)
-    for line in problems:
-        print(f"nvdd run: error: {line}", file=sys.stderr)
-    if problems:
-        return 2
     env = dict(os.environ)
     env[_ARGS_ENV] = json.dumps(list(argv if argv is not None else sys.argv[1:]))
     if args.device == "cpu" and not env.get("OMP_NUM_THREADS"):
