@@ -1,9 +1,15 @@
-"""The per-rank body of ``nvdd run`` (the main job)."""
+"""The per-rank body of ``nvdd run`` (the main job).
+
+Arguments were validated by the launcher before any rank started
+(:mod:`nvalchemi.distributed._checks`). Rank 0 streams ``thermo.csv`` and
+``trajectory.extxyz`` as rows come, writes ``energies.png`` atomically at the
+end, and every rank writes its shard of ``checkpoint/`` every
+``--checkpoint-every`` steps; ``--restart`` continues from such a checkpoint.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import warnings
 from pathlib import Path
@@ -11,7 +17,19 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, OptionalDependencyError, init_distributed, shutdown_distributed
+from nvalchemi.distributed._checks import (
+    FIRST_PHASE_CLASSES,
+    lj_species,
+    read_structure,
+    restart_point,
+)
+from nvalchemi.distributed._outputs import (
+    ThermoLog,
+    TrajectoryLog,
+    nve_drift_per_atom,
+    write_plot,
+)
+from nvdd.core import Batch, OptionalDependencyError, init_distributed
 from nvdd.dynamics import (
     KB_EV_PER_K,
     MTKNPT,
@@ -29,8 +47,8 @@ from nvdd.dynamics import (
 
 __all__ = ["argon_box", "run_rank"]
 
-#: Argon: Lennard-Jones epsilon (eV), sigma (Angstrom), FCC lattice constant (Angstrom).
-AR_EPSILON, AR_SIGMA, AR_LATTICE = 0.0104, 3.40, 5.26
+#: Argon's FCC lattice constant (Angstrom).
+AR_LATTICE = 5.26
 
 
 def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int) -> Batch:
@@ -71,7 +89,8 @@ def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
         raise OptionalDependencyError(
             "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]"
         ) from exc
-    config = LJConfig(cutoff=args.cutoff, epsilon=AR_EPSILON, sigma=AR_SIGMA, skin=args.skin)
+    species = {z: (p.epsilon, p.sigma) for z, p in lj_species(args).items()}
+    config = LJConfig(cutoff=args.cutoff, species=species, skin=args.skin)
     return LennardJones(config).to(device=device, dtype=dtype)
 
 
@@ -84,12 +103,7 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
             data, dtype=dtype, device=device, temperature_k=args.temperature, seed=args.seed
         )
     if args.structure:
-        try:
-            from ase.io import read
-        except ImportError as exc:
-            raise OptionalDependencyError("ase", "--structure", extra="nvdd-core[ase]") from exc
-        atoms = read(args.structure)
-        return Batch.from_ase(atoms, dtype=dtype, device=device)
+        return Batch.from_ase(read_structure(args.structure), dtype=dtype, device=device)
     return argon_box(args.cells, dtype=dtype, temperature_K=args.temperature, seed=args.seed).to(
         device
     )
@@ -122,6 +136,10 @@ def _first_phase(args: argparse.Namespace, model: Any, batch: Batch) -> BaseDyna
     )
 
 
+def _phase_name(args: argparse.Namespace) -> str:
+    return "NPT" if args.ensemble == "npt" else "NVT"
+
+
 def _empty(dtype: torch.dtype, device: torch.device) -> Batch:
     return Batch(
         torch.zeros(0, 3, dtype=dtype, device=device),
@@ -129,23 +147,48 @@ def _empty(dtype: torch.dtype, device: torch.device) -> Batch:
     )
 
 
-class _Thermo:
-    """Rank 0 prints and records a thermo table; every rank joins the reductions."""
+class _Run:
+    """What the phases share: arguments, outputs (rank 0) and the restart point."""
 
-    def __init__(
-        self,
-        dp: DomainParallel,
-        phase: str,
-        offset: int,
-        rows: list[dict[str, float]],
-        out: Path,
-        traj_every: int,
-        bar: Any = None,
-    ) -> None:
-        self.dp, self.phase, self.offset, self.rows = dp, phase, offset, rows
-        self.say = bar.write if bar is not None else print
-        self.out, self.traj_every = out, traj_every
-        self.t_last, self.step_last = time.perf_counter(), 0
+    def __init__(self, args: argparse.Namespace, rank: int, world: int) -> None:
+        self.args, self.rank, self.world = args, rank, world
+        self.out = Path(args.out)
+        self.checkpoint_dir = self.out / "checkpoint"
+        self.restart: dict[str, Any] | None = None
+        if args.restart:
+            meta = restart_point(args.restart)
+            info = meta.get("metadata", {})
+            state = meta["integrator"]["state"]
+            first = meta["integrator"]["class"] in FIRST_PHASE_CLASSES
+            phase = info.get("phase") or (_phase_name(args) if first else "NVE")
+            offset = 0 if phase != "NVE" else args.nvt_steps
+            step = int(info.get("step", offset + int(state["step_count"])))
+            self.restart = {"phase": phase, "step": step}
+        self.thermo: ThermoLog | None = None
+        self.traj: TrajectoryLog | None = None
+        self.bar: Any = None
+        self.checkpoints = 0
+        if rank == 0:
+            self.out.mkdir(parents=True, exist_ok=True)
+            keep = self.restart["step"] if self.restart else None
+            self.thermo = ThermoLog(self.out / "thermo.csv", keep_until=keep)
+            if args.traj_every > 0 and _has_ase():
+                self.traj = TrajectoryLog(self.out / "trajectory.extxyz", keep_until=keep)
+
+    def close(self) -> None:
+        for log in (self.thermo, self.traj):
+            if log is not None:
+                log.close()
+
+
+class _Hooks:
+    """The hooks of one phase: thermo (every rank joins the reductions), frames
+    and checkpoints."""
+
+    def __init__(self, run: _Run, dp: DomainParallel, phase: str, offset: int) -> None:
+        self.run, self.dp, self.phase, self.offset = run, dp, phase, offset
+        self.say = run.bar.write if run.bar is not None else print
+        self.t_last, self.step_last = time.perf_counter(), dp.dynamics.step_count
 
     def thermo(self, ctx: Any) -> None:
         dyn = self.dp.dynamics
@@ -156,7 +199,7 @@ class _Thermo:
         now = time.perf_counter()
         ms = 1000.0 * (now - self.t_last) / max(1, ctx.step - self.step_last)
         self.t_last, self.step_last = now, ctx.step
-        if self.dp.rank != 0:
+        if self.run.thermo is None:
             return
         row = {
             "step": float(self.offset + ctx.step),
@@ -164,6 +207,7 @@ class _Thermo:
             "E_pot": epot,
             "E_kin": ke,
             "E_tot": epot + ke,
+            "n_atoms": n_total,
             "atoms_min": float(min(counts)),
             "atoms_max": float(max(counts)),
             "ms_per_step": ms,
@@ -173,7 +217,7 @@ class _Thermo:
             row["E_ext"] = float(conserved().sum())
         if isinstance(dyn, MTKNPT):
             row["V"], row["P_bar"] = float(dyn.volume().sum()), float(dyn.pressure().mean())
-        self.rows.append(row)
+        self.run.thermo.append(row)
         self.say(
             f"{self.phase:>4} {int(row['step']):>7d} {row['T']:9.2f} {row['E_pot']:14.6f} "
             f"{row['E_tot']:14.6f} {int(row['atoms_min']):>7d}-{int(row['atoms_max']):<7d} "
@@ -181,45 +225,47 @@ class _Thermo:
         )
 
     def frame(self, ctx: Any) -> None:
-        from ase.io import write
+        if self.run.traj is not None:
+            self.run.traj.append(ctx.batch.to_ase(), self.offset + ctx.step)
 
-        atoms = ctx.batch.to_ase()
-        for a in atoms:
-            a.info["step"] = self.offset + ctx.step
-        write(self.out / "trajectory.extxyz", atoms, format="extxyz", append=True)
+    def checkpoint(self, ctx: Any) -> None:
+        step = self.offset + ctx.step
+        if step % self.run.args.checkpoint_every == 0:
+            self.dp.save(self.run.checkpoint_dir, metadata={"phase": self.phase, "step": step})
+            self.run.checkpoints += 1
 
 
 def _run_phase(
-    dyn: BaseDynamics,
-    args: argparse.Namespace,
-    phase: str,
-    offset: int,
-    n_steps: int,
-    rows: list[dict[str, float]],
-    out: Path,
-    batch: Batch | None,
-    bar: Any,
+    run: _Run, dyn: BaseDynamics, phase: str, offset: int, n_steps: int, batch: Batch | None
 ) -> tuple[Batch | None, DomainParallel]:
+    args = run.args
     config = DomainConfig(
         cutoff=args.cutoff,
         skin=args.skin,
         grid_dims=tuple(args.grid) if args.grid else None,
         load_balance=args.load_balance,
     )
-    dp = DomainParallel(dyn, config)
+    dp = DomainParallel(dyn, config, watchdog_s=args.watchdog)
     if dp.rank != 0:  # one copy of each partition warning is enough
         warnings.filterwarnings("ignore", category=UserWarning)
-    thermo = _Thermo(dp, phase, offset, rows, out, args.traj_every, bar)
-    dp.register_hook(HookStage.AFTER_STEP, thermo.thermo, every=args.thermo_every, needs=["energy"])
-    if args.traj_every > 0 and _has_ase():
-        dp.register_hook(
-            HookStage.AFTER_STEP, thermo.frame, every=args.traj_every, scope=HookScope.RANK_ZERO
-        )
-    if bar is not None:
-        dp.register_hook(HookStage.AFTER_STEP, lambda ctx: bar.update(1))
     with dp:
-        dp.partition(batch)
-        dp.run(n_steps)
+        if run.restart is not None and run.restart["phase"] == phase:
+            dp.load(args.restart)
+        else:
+            dp.partition(batch)
+        hooks = _Hooks(run, dp, phase, offset)
+        dp.register_hook(
+            HookStage.AFTER_STEP, hooks.thermo, every=args.thermo_every, needs=["energy"]
+        )
+        if run.traj is not None or (args.traj_every > 0 and _has_ase()):
+            dp.register_hook(
+                HookStage.AFTER_STEP, hooks.frame, every=args.traj_every, scope=HookScope.RANK_ZERO
+            )
+        if args.checkpoint_every > 0:
+            dp.register_hook(HookStage.AFTER_STEP, hooks.checkpoint)
+        if run.bar is not None:
+            dp.register_hook(HookStage.AFTER_STEP, lambda ctx: run.bar.update(1))
+        dp.run(max(0, n_steps - dyn.step_count))
         final = dp.gather(0)
     return final, dp
 
@@ -264,105 +310,83 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
     )
 
 
-def _plot(rows: list[dict[str, float]], out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
-        return
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("E_pot", "E_kin", "E_tot"):
-        ax.plot(steps, [r[key] for r in rows], label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("energy (eV)")
-    ax.legend()
-    ax.set_title("nvdd run: NVT or NPT, then NVE")
-    fig.tight_layout()
-    fig.savefig(out / "energies.png", dpi=120)
-    plt.close(fig)
-
-
 def run_rank(args: argparse.Namespace) -> int:
     """One rank of ``nvdd run``; returns the process exit status."""
     backend = "nccl" if args.device == "cuda" else "gloo"
     env = init_distributed(backend=backend)
     device, rank = env.device, env.rank
     dtype = getattr(torch, args.dtype)
-    out = Path(args.out)
+    run = _Run(args, rank, env.world_size)
+    try:
+        return _main(run, env, device, dtype)
+    finally:
+        run.close()
+
+
+def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
+    args, rank = run.args, run.rank
     model = _model(args, device, dtype)
     start = _load(args, dtype, device) if rank == 0 else None
+    restart = run.restart
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        traj = out / "trajectory.extxyz"
-        if traj.exists():
-            traj.unlink()
         n = start.n_atoms if start is not None else 0
+        where = f"; restart from {args.restart} at step {restart['step']}" if restart else ""
         print(
             f"nvdd run: {n} atoms on {env.world_size} {args.device} rank(s) ({env.backend}); "
-            f"{args.ensemble} {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs"
+            f"{args.ensemble} {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs{where}"
         )
         print(
             f"{'':>4} {'step':>7} {'T(K)':>9} {'E_pot(eV)':>14} {'E_tot(eV)':>14} "
             f"{'atoms/rank':>15} {'ms/step':>9}",
             flush=True,
         )
-    bar = None
-    if rank == 0:
         try:
             from tqdm import tqdm
 
-            bar = tqdm(total=args.nvt_steps + args.nve_steps, unit="step", leave=False)
+            done = restart["step"] if restart else 0
+            total = args.nvt_steps + args.nve_steps
+            run.bar = tqdm(total=total, initial=min(done, total), unit="step", leave=False)
         except ImportError:
-            bar = None
-    rows: list[dict[str, float]] = []
+            run.bar = None
     t0 = time.perf_counter()
     placeholder = _empty(dtype, device)
-    first = _first_phase(args, model, start if start is not None else placeholder)
-    phase = "NPT" if args.ensemble == "npt" else "NVT"
-    state, _ = _run_phase(first, args, phase, 0, args.nvt_steps, rows, out, start, bar)
+    state: Batch | None = start
+    skip_first = restart is not None and restart["phase"] == "NVE"
+    if not skip_first:
+        first = _first_phase(args, model, start if start is not None else placeholder)
+        state, _ = _run_phase(run, first, _phase_name(args), 0, args.nvt_steps, start)
     nve = VelocityVerlet(model, state if state is not None else placeholder, dt_fs=args.dt)
-    final, dp = _run_phase(nve, args, "NVE", args.nvt_steps, args.nve_steps, rows, out, state, bar)
+    final, dp = _run_phase(run, nve, "NVE", args.nvt_steps, args.nve_steps, state)
     elapsed = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
+    if run.bar is not None:
+        run.bar.close()
     if rank == 0 and final is not None:
-        steps = args.nvt_steps + args.nve_steps
-        print(
-            f"done: {steps} steps in {elapsed:.1f} s ({1000 * elapsed / max(1, steps):.1f} "
-            f"ms/step); halo rebuilds {dp.stats.rebuilds}, last step's collectives "
-            f"{dict(dp.stats.last_collectives)}"
-        )
-        _write_csv(rows, out)
-        _plot(rows, out)
-        _compare(args, final, model, start)
-        print(
-            f"outputs in {out}/: thermo.csv, energies.png"
-            + (", trajectory.extxyz" if args.traj_every > 0 and _has_ase() else "")
-        )
-        drift = _drift(rows, args.nvt_steps)
-        if drift is not None:
-            print(f"NVE energy drift: {drift:.3e} eV/atom over the NVE phase")
-    # Gloo's worker threads can abort the interpreter's finalisation when the group
-    # outlives main (seen once as a SIGABRT of the rank that finished first).
-    shutdown_distributed()
+        _report(run, final, model, start, dp, elapsed)
     return 0
 
 
-def _write_csv(rows: list[dict[str, float]], out: Path) -> None:
-    if not rows:
-        return
-    keys = list(dict.fromkeys(k for r in rows for k in r))  # NPT rows have more columns
-    lines = [",".join(keys)] + [",".join(f"{r.get(k, math.nan):.10g}" for k in keys) for r in rows]
-    (out / "thermo.csv").write_text("\n".join(lines) + "\n")
-
-
-def _drift(rows: list[dict[str, float]], nvt_steps: int) -> float | None:
-    nve = [r for r in rows if r["step"] > nvt_steps]
-    if len(nve) < 2:
-        return None
-    n = max(1.0, rows[0]["atoms_max"])
-    return abs(nve[-1]["E_tot"] - nve[0]["E_tot"]) / n if math.isfinite(n) else None
+def _report(
+    run: _Run, final: Batch, model: Any, start: Batch | None, dp: DomainParallel, elapsed: float
+) -> None:
+    args, out = run.args, run.out
+    steps = args.nvt_steps + args.nve_steps
+    print(
+        f"done: {steps} steps in {elapsed:.1f} s ({1000 * elapsed / max(1, steps):.1f} "
+        f"ms/step); halo rebuilds {dp.stats.rebuilds}, last step's collectives "
+        f"{dict(dp.stats.last_collectives)}"
+    )
+    rows = run.thermo.rows if run.thermo is not None else []
+    written = []
+    if rows:
+        written.append("thermo.csv")
+    if write_plot(rows, out / "energies.png"):
+        written.append("energies.png")
+    if run.traj is not None and run.traj.frames:
+        written.append("trajectory.extxyz")
+    if run.checkpoints or (args.restart and Path(args.restart) == run.checkpoint_dir):
+        written.append("checkpoint/")
+    _compare(args, final, model, start)
+    print(f"outputs in {out}/: " + (", ".join(written) if written else "none"))
+    drift = nve_drift_per_atom(rows, args.nvt_steps)
+    if drift is not None:
+        print(f"NVE energy drift: {drift:.3e} eV/atom over the NVE phase")

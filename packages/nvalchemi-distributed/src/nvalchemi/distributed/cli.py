@@ -1,26 +1,39 @@
 """The ``nvdd`` command line.
 
 ``nvdd run``: a domain-decomposed MD run of a built-in argon box (Lennard-Jones;
-an NVT or NPT phase (``--ensemble``), then NVE) or of any structure ``ase.io.read`` reads.
+Langevin NVT equilibration, then NVE) or of any structure ``ase.io.read`` reads.
 It launches N ranks with torch's own launcher (``torch.distributed.run``): CPU
 ranks over gloo by default, one rank per GPU over NCCL with ``--device cuda``.
 Under an existing torchrun environment it runs as one of its ranks instead.
+
+Every argument and the structure file are checked before any rank starts: a bad
+one gets one line on stderr and exit status 2. SIGTERM or SIGINT to ``nvdd`` is
+forwarded to torchrun (which stops its workers); whatever is still running after
+a grace period is killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
+#: Seconds torchrun gets to stop its workers after a forwarded signal.
+STOP_GRACE_S = 40.0
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``nvdd`` (``run`` and its options)."""
+    """The argument parser of ``nvdd`` (``run`` and its options, in groups)."""
     p = argparse.ArgumentParser(prog="nvdd", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
@@ -28,56 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="domain-decomposed MD on a built-in argon box or a structure file",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    run.add_argument("--nproc", type=int, default=2, help="ranks to launch (CPU) or GPUs to use")
-    run.add_argument(
+    ranks = run.add_argument_group("ranks and decomposition")
+    ranks.add_argument("--nproc", type=int, default=2, help="ranks to launch (CPU) or GPUs to use")
+    ranks.add_argument(
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
         help="cpu: ranks over gloo; cuda: one rank per GPU over NCCL",
     )
-    run.add_argument(
-        "--cells",
-        type=int,
-        default=20,
-        help="FCC unit cells per edge of the argon box (4 atoms each: 20 -> 32000)",
-    )
-    run.add_argument(
-        "--structure",
-        default=None,
-        help="read the system with ase.io.read instead of building argon",
-    )
-    run.add_argument(
-        "--ensemble",
-        choices=("langevin", "nvt-nh", "npt"),
-        default="langevin",
-        help="the first phase: Langevin NVT, Nose-Hoover chain NVT or MTK NPT",
-    )
-    run.add_argument("--pressure", type=float, default=1.0, help="NPT target pressure, bar")
-    run.add_argument("--tau-t", type=float, default=100.0, help="Nose-Hoover time scale, fs")
-    run.add_argument("--tau-p", type=float, default=1000.0, help="NPT barostat time scale, fs")
-    run.add_argument(
-        "--cell-dof",
-        choices=("isotropic", "full"),
-        default="isotropic",
-        help="NPT cell freedom: one strain rate, or every axis and shear",
-    )
-    run.add_argument(
-        "--nvt-steps", type=int, default=100, help="steps of the first phase (--ensemble)"
-    )
-    run.add_argument(
-        "--run-file",
-        default=None,
-        help="TOML run file: a system and a (composed) model, e.g. LJ + Ewald on NaCl "
-        "(see nvalchemi.distributed._runfile); replaces the argon box and LJ",
-    )
-    run.add_argument("--nve-steps", type=int, default=100, help="velocity-Verlet steps after it")
-    run.add_argument("--dt", type=float, default=4.0, help="time step, fs")
-    run.add_argument("--temperature", type=float, default=94.0, help="NVT temperature, K")
-    run.add_argument("--friction", type=float, default=0.02, help="Langevin friction, 1/fs")
-    run.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
-    run.add_argument("--skin", type=float, default=1.0, help="Verlet skin, Angstrom")
-    run.add_argument("--dtype", choices=("float32", "float64"), default="float64")
-    run.add_argument(
+    ranks.add_argument(
         "--grid",
         type=int,
         nargs=3,
@@ -85,20 +57,96 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("PX", "PY", "PZ"),
         help="rank grid (default: the smallest halo for the cell)",
     )
-    run.add_argument("--load-balance", action="store_true", help="cut boxes at atom quantiles")
-    run.add_argument("--thermo-every", type=int, default=10, help="thermo table period, steps")
-    run.add_argument(
+    ranks.add_argument("--load-balance", action="store_true", help="cut boxes at atom quantiles")
+    ranks.add_argument("--skin", type=float, default=1.0, help="Verlet skin, Angstrom")
+
+    system = run.add_argument_group("system and model")
+    system.add_argument(
+        "--cells",
+        type=int,
+        default=20,
+        help="FCC unit cells per edge of the argon box (4 atoms each: 20 -> 32000)",
+    )
+    system.add_argument(
+        "--structure",
+        default=None,
+        help="read the system with ase.io.read instead of building argon",
+    )
+    system.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
+    system.add_argument(
+        "--lj",
+        action="append",
+        default=None,
+        metavar="EL:EPS:SIGMA",
+        help="Lennard-Jones epsilon (eV) and sigma (A) of an element, e.g. Cu:0.415:2.28; "
+        "repeat per element (argon is built in); every element of --structure needs one",
+    )
+    system.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+
+    dyn = run.add_argument_group("dynamics")
+    system.add_argument(
+        "--run-file",
+        default=None,
+        help="TOML run file: a system and a (composed) model, e.g. LJ + Ewald on NaCl "
+        "(see nvalchemi.distributed._runfile); replaces the argon box and LJ",
+    )
+    dyn.add_argument(
+        "--ensemble",
+        choices=("langevin", "nvt-nh", "npt"),
+        default="langevin",
+        help="the first phase: Langevin NVT, Nose-Hoover chain NVT or MTK NPT",
+    )
+    dyn.add_argument("--pressure", type=float, default=1.0, help="NPT target pressure, bar")
+    dyn.add_argument("--tau-t", type=float, default=100.0, help="Nose-Hoover time scale, fs")
+    dyn.add_argument("--tau-p", type=float, default=1000.0, help="NPT barostat time scale, fs")
+    dyn.add_argument(
+        "--cell-dof",
+        choices=("isotropic", "full"),
+        default="isotropic",
+        help="NPT cell freedom: one strain rate, or every axis and shear",
+    )
+    dyn.add_argument(
+        "--nvt-steps", type=int, default=100, help="steps of the first phase (--ensemble)"
+    )
+    dyn.add_argument("--nve-steps", type=int, default=100, help="velocity-Verlet steps after it")
+    dyn.add_argument("--dt", type=float, default=4.0, help="time step, fs")
+    dyn.add_argument("--temperature", type=float, default=94.0, help="NVT temperature, K")
+    dyn.add_argument("--friction", type=float, default=0.02, help="Langevin friction, 1/fs")
+    dyn.add_argument("--seed", type=int, default=0)
+
+    out = run.add_argument_group("outputs")
+    out.add_argument("--out", default="runs/nvdd-run", help="output directory")
+    out.add_argument("--thermo-every", type=int, default=10, help="thermo table period, steps")
+    out.add_argument(
         "--traj-every", type=int, default=50, help="extxyz frame period, steps (0: no trajectory)"
     )
-    run.add_argument(
+    out.add_argument(
         "--compare",
         choices=("forces", "trajectory", "none"),
         default="forces",
         help="at the end, compare with a 1-rank run: the final forces, or the "
         "whole trajectory (small systems)",
     )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--out", default="runs/nvdd-run", help="output directory")
+
+    robust = run.add_argument_group("checkpoints and faults")
+    robust.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="write OUT/checkpoint/ every N steps (0: never)",
+    )
+    robust.add_argument(
+        "--restart",
+        default=None,
+        metavar="DIR",
+        help="continue from a checkpoint directory (any number of ranks)",
+    )
+    robust.add_argument(
+        "--watchdog",
+        type=float,
+        default=120.0,
+        help="seconds without progress before the silent rank is named and the job ends (0: off)",
+    )
     return p
 
 
@@ -118,17 +166,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # pragma: no cover - argparse enforces the choice
         return 2
-    if args.nproc < 1:
-        print(f"nvdd run: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
-        return 2
+    ours = _ARGS_ENV in os.environ  # started by our launcher: already checked there
+    if not (ours and _under_launcher()):
+        from nvalchemi.distributed._checks import validate
+
+        problems = validate(args)
+        for line in problems:
+            print(f"nvdd run: error: {line}", file=sys.stderr)
+        if problems:
+            return 2
     if _under_launcher():
         from nvalchemi.distributed._demo import run_rank
 
         return run_rank(args)
     env = dict(os.environ)
     env[_ARGS_ENV] = json.dumps(list(argv if argv is not None else sys.argv[1:]))
-    if args.device == "cpu":
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    if args.device == "cpu" and not env.get("OMP_NUM_THREADS"):
+        from nvdd.core import cpu_threads_per_rank
+
+        env["OMP_NUM_THREADS"] = str(cpu_threads_per_rank(args.nproc))
     cmd = [
         sys.executable,
         "-m",
@@ -138,7 +194,87 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-m",
         "nvalchemi.distributed.cli",
     ]
-    return subprocess.call(cmd, env=env)
+    return launch(cmd, env)
+
+
+def _stat(pid: int | str) -> tuple[int, int] | None:
+    """(parent pid, start time) of a live process (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """``(pid, start time)`` of every live descendant of ``pid`` (empty without /proc)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - not Linux
+        return []
+    for entry in entries:
+        st = _stat(entry) if entry.isdigit() else None
+        if st is not None:
+            children.setdefault(st[0], []).append((int(entry), st[1]))
+    out: list[tuple[int, int]] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def launch(cmd: list[str], env: dict[str, Any], grace_s: float = STOP_GRACE_S) -> int:
+    """Run the launcher ``cmd``; forward SIGTERM / SIGINT to it.
+
+    After a forwarded signal torchrun stops its workers (SIGTERM, then SIGKILL
+    after its own timeout); if anything of the job still runs ``grace_s``
+    seconds later, it is killed. Returns torchrun's exit status, or
+    ``128 + signal`` when stopped by a signal.
+    """
+    proc = subprocess.Popen(cmd, env=env)
+    stop: dict[str, Any] = {}
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if "signum" not in stop:
+            stop["signum"], stop["at"] = signum, time.monotonic()
+            stop["family"] = _descendants(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if "at" in stop and time.monotonic() - stop["at"] > grace_s:
+                    _kill_all([*_descendants(proc.pid), *stop["family"]])
+                    proc.kill()
+                    proc.wait()
+                    rc = 128 + int(stop["signum"])
+                    break
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if "signum" in stop:
+        _kill_all(stop["family"])  # workers torchrun left behind, if any
+        return 128 + int(stop["signum"])
+    return rc
+
+
+def _kill_all(procs: list[tuple[int, int]]) -> None:
+    """SIGKILL each ``(pid, start time)`` that is still that same process."""
+    for pid, started in procs:
+        st = _stat(pid)
+        if st is None or st[1] != started:
+            continue  # gone, or the pid now belongs to another process
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

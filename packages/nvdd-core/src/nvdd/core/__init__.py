@@ -37,6 +37,8 @@ from nvdd.core._errors import (
     ValidationError,
 )
 from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
+from nvdd.core._files import AppendLog, atomic_write
+from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
@@ -46,14 +48,25 @@ from nvdd.core._strain import (
     nonaffine_displacements,
     skin_exceeded,
 )
+from nvdd.core._watchdog import (
+    DEFAULT_WATCHDOG_S,
+    WATCHDOG_ENV,
+    WATCHDOG_EXIT_CODE,
+    RankProgress,
+    Watchdog,
+)
 
 __all__ = [
     "ATOMIC_MASSES",
     "COLLECTIVE_NAMES",
     "DEFAULT_MESH_DIM",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WATCHDOG_S",
     "PER_ATOM_FIELDS",
     "PER_SYSTEM_FIELDS",
+    "WATCHDOG_ENV",
+    "WATCHDOG_EXIT_CODE",
+    "AppendLog",
     "Batch",
     "CapacityOverflowError",
     "CommunicationError",
@@ -63,25 +76,30 @@ __all__ = [
     "NvddError",
     "OptionalDependencyError",
     "RankFailedError",
+    "RankProgress",
     "RankTimeoutError",
     "ValidationError",
+    "Watchdog",
     "__version__",
     "add_listener",
     "all_gather_object",
     "all_reduce",
     "all_to_all_single",
     "any_rank",
+    "atomic_write",
     "barrier",
     "broadcast_object",
     "check_cell",
     "comm_device",
     "count_collectives",
+    "cpu_threads_per_rank",
     "default_backend",
     "deformation_gradient",
     "effective_skin",
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "install_teardown",
     "make_mesh",
     "masses_for",
     "nonaffine_displacements",

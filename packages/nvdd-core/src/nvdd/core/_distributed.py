@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from nvdd.core import _comm
 from nvdd.core._errors import CommunicationError, ConfigurationError, NvddError, ValidationError
+from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown, teardown, track_mesh
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -105,6 +106,7 @@ def init_distributed(
     world_size: int | None = None,
     init_method: str | None = None,
     mesh_dim: str = DEFAULT_MESH_DIM,
+    teardown: bool = True,
 ) -> DistributedEnv:
     """Initialise the default process group and a 1-D device mesh.
 
@@ -127,6 +129,18 @@ def init_distributed(
         Collective timeout passed to ``init_process_group``.
     mesh_dim:
         Name of the mesh's single dimension.
+    teardown:
+        Let nvdd destroy the process group when the process ends, also after an
+        exception or SIGTERM (:func:`nvdd.core.install_teardown`), so no rank
+        aborts at exit and the launcher never kills a rank that is still
+        writing. On by default.
+
+    Notes
+    -----
+    When this call creates a CPU (gloo) group and ``OMP_NUM_THREADS`` is not
+    set, each rank uses :func:`nvdd.core.cpu_threads_per_rank` intra-op threads
+    (the node's cores shared by its ranks) instead of torch's default of every
+    core per rank, which oversubscribes the machine.
 
     Raises
     ------
@@ -180,6 +194,10 @@ def init_distributed(
             raise CommunicationError(
                 f"rank {rank}: init_process_group({backend!r}, {init_method!r}) failed: {exc}"
             ) from exc
+        if device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(cpu_threads_per_rank(_env_int("LOCAL_WORLD_SIZE") or world_size))
+    if teardown:
+        install_teardown()
     mesh = make_mesh(device.type, dim_name=mesh_dim)
     return DistributedEnv(
         rank=dist.get_rank(),
@@ -204,14 +222,21 @@ def make_mesh(
     if not dist.is_initialized():
         raise CommunicationError("make_mesh: torch.distributed is not initialised")
     if group is None:
-        return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=(dim_name,))
-    return DeviceMesh.from_group(group, device_type, mesh_dim_names=(dim_name,))
+        mesh = init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=(dim_name,))
+    else:
+        mesh = DeviceMesh.from_group(group, device_type, mesh_dim_names=(dim_name,))
+    track_mesh(mesh)
+    return mesh
 
 
 def shutdown_distributed() -> None:
-    """Destroy the default process group if one exists. **Collective** (all ranks)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Stop nvdd's watchdogs and destroy the default process group if one exists.
+
+    **Collective** (all ranks). Calling it is optional: with
+    :func:`init_distributed` (or ``DomainParallel``) the same teardown runs at
+    interpreter exit.
+    """
+    teardown()
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:

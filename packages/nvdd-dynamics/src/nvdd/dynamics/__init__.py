@@ -10,6 +10,12 @@ from nvdd.dynamics._base import (
     ModelForceProvider,
     Reducer,
 )
+from nvdd.dynamics._checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from nvdd.dynamics._collectives import COUNTED_COLLECTIVES, MeshReducer, count_collectives
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, consolidate
@@ -34,6 +40,7 @@ __all__ = [
     "NoseHooverNVT",
     "StepSums",
     "step_sums",
+    "CheckpointError",
     "DDStats",
     "DistributedModel",
     "DistributedPipelineModel",
@@ -62,6 +69,9 @@ __all__ = [
     "__version__",
     "atom_normal",
     "kinetic_energy",
+    "load_checkpoint",
+    "read_checkpoint",
+    "save_checkpoint",
     "temperature",
     "trace_and_validate",
 ]

@@ -176,6 +176,11 @@ class BaseDynamics:
         #: Outputs of the last force computation that are whole on this process
         #: (under DD, per-system partials are not here until reduced).
         self.outputs: dict[str, torch.Tensor] = {}
+        #: Called with ``(step_count, phase)`` at every hook stage (phase: the
+        #: stage's value), whether or not hooks are due, and again after due hooks
+        #: ran (``"<stage> hooks done"``): progress beats for a watchdog (set by
+        #: DomainParallel), so a rank stuck in a hook falls behind the others.
+        self.heartbeat: Callable[[int, str], None] | None = None
         self._forces_ready = False
 
     # ---------------------------------------------------------------- state
@@ -214,9 +219,14 @@ class BaseDynamics:
         self.hooks.remove(hook)
 
     def _fire(self, stage: HookStage) -> None:
+        beat = self.heartbeat
+        if beat is not None:
+            beat(self.step_count, stage.value)
         due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
         if due:
             self.hook_runner(self, stage, due)
+            if beat is not None:
+                beat(self.step_count, f"{stage.value} hooks done")
 
     # ------------------------------------------------------------ the step
     @property

@@ -284,6 +284,14 @@ class DistributedModel:
         outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
         return local, outputs
 
+    def request_rebuild(self) -> None:
+        """Migrate and rebuild the halo plan at the next call, whatever moved.
+
+        Local, but every rank must call it before the same step (a checkpoint
+        does, so that a run and its restart rebuild at the same step).
+        """
+        self._ref_positions = None
+
     def check_finite(self) -> None:
         """Raise on every rank if any rank holds a non-finite position, velocity or
         force. **Collective** over the mesh (one all-reduce of a flag; only on

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +13,13 @@ import torch.distributed as dist
 from nvdd.core import (
     Batch,
     ConfigurationError,
+    Watchdog,
     get_rank,
     get_world_size,
     init_distributed,
+    install_teardown,
 )
+from nvdd.dynamics import _checkpoint, _progress
 from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
@@ -75,6 +80,12 @@ class DomainParallel:
     count_collectives:
         Record the collectives of every force call in
         ``stats.last_collectives`` (off by default: it costs host time).
+    watchdog_s:
+        Seconds a rank may go without progress before its
+        :class:`~nvdd.core.Watchdog` names the silent rank(s) and ends the job;
+        default ``$NVDD_WATCHDOG_S`` or 120; 0 disables. It beats at every hook
+        stage of every step and runs from :meth:`partition` (or :meth:`load`) to
+        :meth:`close`.
 
     Notes
     -----
@@ -96,6 +107,7 @@ class DomainParallel:
         timeout_s: float = 600.0,
         sync_timings: bool = False,
         count_collectives: bool = False,
+        watchdog_s: float | None = None,
     ) -> None:
         if not isinstance(dynamics, BaseDynamics):
             raise ConfigurationError(
@@ -111,6 +123,7 @@ class DomainParallel:
         if not dist.is_initialized():
             device = dynamics.batch.device if isinstance(dynamics.batch, Batch) else None
             init_distributed(backend=backend, device=device, timeout_s=timeout_s)
+        install_teardown()  # the process group ends cleanly at exit, whoever created it
         self.config = config
         self.dynamics = dynamics
         self.group = _resolve_group(config)
@@ -123,6 +136,7 @@ class DomainParallel:
         self.model = distributed_model_for(
             dynamics.model, config, spec=spec, sync_timings=sync_timings, count=count_collectives
         )
+        self.watchdog = Watchdog(watchdog_s, group=self.group)
         self._sharded: ShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
@@ -143,17 +157,38 @@ class DomainParallel:
         """Counters and timings of the distributed model."""
         return self.model.stats
 
-    def partition(self, batch: Batch | None = None) -> ShardedBatch:
+    def partition(
+        self, batch: Batch | None = None, *, sharded: ShardedBatch | None = None
+    ) -> ShardedBatch:
         """Scatter the system from ``src`` and build the first halo plan.
 
         **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
         ``src``; other ranks' arguments are ignored. Each rank receives only its
-        own atoms (O(N/P) memory).
+        own atoms (O(N/P) memory). Pass ``sharded`` instead to adopt atoms that
+        are already distributed (a restart: :meth:`load`); its partitioner's
+        ghost width must be the model's.
         """
         if self._sharded is not None:
             raise ConfigurationError("DomainParallel.partition: already partitioned")
-        cfg = self.config
+        _progress.watch(self, "partition")
         ghost_width = self.model.ghost_width
+        if sharded is not None:
+            _checkpoint.check_adoptable(sharded, ghost_width)
+        else:
+            sharded = self._scatter(batch, ghost_width)
+        self.model.attach(sharded)
+        self._sharded = sharded
+        dyn = self.dynamics
+        dyn.attach_state(sharded)  # the integrator's batch IS the sharded batch from now on
+        dyn.force_provider = self.model
+        dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
+        dyn.hook_runner = self._run_hooks
+        dyn._forces_ready = False
+        dyn.heartbeat = _progress.stage_beat(self)
+        return sharded
+
+    def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch:
+        cfg = self.config
         kwargs: dict[str, Any] = {
             "grid_dims": cfg.grid_dims,
             "balance": BalanceMode.QUANTILE if cfg.load_balance else BalanceMode.UNIFORM,
@@ -168,16 +203,7 @@ class DomainParallel:
         source = None
         if self.rank == self.src:
             source = batch if batch is not None else self.dynamics.batch
-        sharded = ShardedBatch.from_batch(source, self.group, factory, src=self.src)
-        self.model.attach(sharded)
-        self._sharded = sharded
-        dyn = self.dynamics
-        dyn.attach_state(sharded)  # the integrator's batch IS the sharded batch from now on
-        dyn.force_provider = self.model
-        dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
-        dyn.hook_runner = self._run_hooks
-        dyn._forces_ready = False
-        return sharded
+        return ShardedBatch.from_batch(source, self.group, factory, src=self.src)
 
     # ------------------------------------------------------------- hooks
     def register_hook(
@@ -209,22 +235,31 @@ class DomainParallel:
         return totals
 
     def _run_hooks(self, dyn: BaseDynamics, stage: HookStage, hooks: list[Hook]) -> None:
+        """Due hooks in the order they were registered (every rank alike).
+
+        The totals they need are reduced first (one all-reduce); the whole
+        system is gathered once, at the first GLOBAL hook (every rank), and once
+        at the first RANK_ZERO hook (to rank 0), and reused by the next ones.
+        So a hook registered after another sees its effects (e.g. a checkpoint
+        written after the frame of the same step).
+        """
         needs = sorted(set().union(*(h.needs for h in hooks)))
         if needs:
             self.totals(tuple(needs))
-        local = [h for h in hooks if h.scope is HookScope.LOCAL]
-        for h in local:
-            h.fn(self._ctx(dyn.batch, stage))
-        shared = [h for h in hooks if h.scope is HookScope.GLOBAL]
-        if shared:
-            whole = self.sharded.to_global()  # one all-gather for every GLOBAL hook
-            for h in shared:
+        whole: Batch | None = None
+        gathered: Batch | None = None
+        gathered_done = False
+        for h in hooks:
+            if h.scope is HookScope.LOCAL:
+                h.fn(self._ctx(dyn.batch, stage))
+            elif h.scope is HookScope.GLOBAL:
+                if whole is None:
+                    whole = self.sharded.to_global()  # one all-gather for every GLOBAL hook
                 h.fn(self._ctx(whole, stage))
-        zero = [h for h in hooks if h.scope is HookScope.RANK_ZERO]
-        if zero:
-            gathered = self.sharded.gather(0)
-            if gathered is not None:
-                for h in zero:
+            else:  # RANK_ZERO
+                if not gathered_done:
+                    gathered, gathered_done = self.sharded.gather(0), True
+                if gathered is not None:
                     h.fn(self._ctx(gathered, stage))
 
     def _ctx(self, batch: Batch, stage: HookStage) -> HookContext:
@@ -271,6 +306,20 @@ class DomainParallel:
         self.totals()
         return self.sharded.gather(dst)
 
+    def save(self, path: str | os.PathLike[str], *, metadata: dict[str, Any] | None = None) -> Path:
+        """Write a restartable checkpoint of the whole run to the directory ``path``.
+
+        **Collective**. See :func:`nvdd.dynamics.save_checkpoint`.
+        """
+        return _checkpoint.save_checkpoint(self, path, metadata=metadata)
+
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restart from a checkpoint instead of :meth:`partition` (any world size).
+
+        **Collective**. See :func:`nvdd.dynamics.load_checkpoint`.
+        """
+        return _checkpoint.load_checkpoint(self, path)
+
     def to_global(self) -> Batch:
         """The whole system on every rank, with forces and totals (see
         :meth:`gather`). **Collective**."""
@@ -304,6 +353,7 @@ class DomainParallel:
         The integrator keeps this rank's owned atoms; gather first to keep the
         whole system. Idempotent; the process group stays (it is the caller's).
         """
+        self.watchdog.stop()
         if self._sharded is None:
             return
         try:
@@ -312,6 +362,7 @@ class DomainParallel:
             dyn = self.dynamics
             dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
             dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
+            dyn.heartbeat = None
             self._sharded = None
 
     def __enter__(self) -> DomainParallel:

@@ -673,6 +673,29 @@ class SpatialPartitioner:
             reasons += empty_rank_reasons(counts)
         return reasons
 
+    def to_dict(self) -> dict[str, Any]:
+        """This partitioner as JSON-able data (lists, numbers, strings); local.
+
+        :meth:`from_dict` rebuilds it with the same :meth:`fingerprint` (checkpoints
+        store it to restart with exactly these boxes).
+        """
+        from nvdd.partition._state_io import state_to_dict
+
+        return state_to_dict(self._s)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpatialPartitioner:
+        """The partitioner :meth:`to_dict` described; local.
+
+        Raises
+        ------
+        ValidationError
+            When ``data`` is not such a description.
+        """
+        from nvdd.partition._state_io import state_from_dict
+
+        return cls._from_state(state_from_dict(data))
+
     def fingerprint(self) -> int:
         """A 62-bit digest of everything that decides ownership (boxes, pbc, domain
         cell, ghost width, skin): equal on two ranks exactly when their partitioners

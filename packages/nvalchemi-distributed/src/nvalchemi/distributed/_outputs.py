@@ -1,0 +1,165 @@
+"""The files ``nvdd run`` writes on rank 0, none of them ever half-written.
+
+- ``thermo.csv``: streamed, one whole row per thermo step (:class:`ThermoLog`);
+- ``trajectory.extxyz``: streamed, one whole frame per trajectory step
+  (:class:`TrajectoryLog`);
+- ``energies.png``: written atomically at the end (:func:`write_plot`);
+- ``checkpoint/``: see ``nvdd.dynamics.save_checkpoint`` (atomic as a whole).
+
+On a restart the streamed files keep what was written up to the checkpoint's
+step (rewritten atomically) and continue from there.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from nvdd.core import AppendLog, atomic_write
+
+__all__ = ["THERMO_KEYS", "ThermoLog", "TrajectoryLog", "nve_drift_per_atom", "write_plot"]
+
+#: Columns of thermo.csv.
+THERMO_KEYS = (
+    "step",
+    "T",
+    "E_pot",
+    "E_kin",
+    "E_tot",
+    "n_atoms",
+    "atoms_min",
+    "atoms_max",
+    "ms_per_step",
+    "E_ext",
+    "V",
+    "P_bar",
+)
+
+
+class ThermoLog:
+    """``thermo.csv``, a row appended and flushed as each thermo step comes.
+
+    Parameters
+    ----------
+    path:
+        The CSV file.
+    keep_until:
+        On a restart, the checkpoint's step: rows up to it are kept, later ones
+        (written after the checkpoint by the interrupted run) dropped. None: a
+        fresh file.
+    """
+
+    def __init__(self, path: Path, keep_until: int | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, float]] = []
+        header = ",".join(THERMO_KEYS) + "\n"
+        if keep_until is not None and path.exists():
+            self.rows = [r for r in _read_rows(path) if r["step"] <= keep_until]
+            with atomic_write(path) as f:
+                f.write(header + "".join(_line(r) for r in self.rows))
+        self._log = AppendLog(path, keep=keep_until is not None, header=header)
+
+    def append(self, row: dict[str, float]) -> None:
+        """Record and stream one row (keys :data:`THERMO_KEYS`)."""
+        self._log.append(_line(row))
+        self.rows.append(row)
+
+    def close(self) -> None:
+        """fsync and close."""
+        self._log.close()
+
+
+def _line(row: dict[str, float]) -> str:
+    # E_ext (Nose-Hoover, NPT), V and P_bar (NPT) are NaN where the phase has none
+    return ",".join(f"{row.get(k, math.nan):.10g}" for k in THERMO_KEYS) + "\n"
+
+
+def _read_rows(path: Path) -> list[dict[str, float]]:
+    lines = path.read_text().splitlines()
+    if not lines or lines[0].split(",") != list(THERMO_KEYS):
+        return []
+    rows = []
+    for line in lines[1:]:
+        values = line.split(",")
+        if len(values) == len(THERMO_KEYS):
+            rows.append(dict(zip(THERMO_KEYS, map(float, values), strict=True)))
+    return rows
+
+
+class TrajectoryLog:
+    """``trajectory.extxyz``, one whole frame appended per call.
+
+    ``keep_until``: as for :class:`ThermoLog` (frames carry ``step=`` in their
+    comment line).
+    """
+
+    def __init__(self, path: Path, keep_until: int | None = None) -> None:
+        self.path = path
+        self.frames = 0
+        if keep_until is not None and path.exists():
+            from ase.io import read, write
+
+            kept = [a for a in read(str(path), index=":") if int(a.info["step"]) <= keep_until]
+            buf = io.StringIO()
+            if kept:
+                write(buf, kept, format="extxyz")
+            with atomic_write(path) as f:
+                f.write(buf.getvalue())
+            self.frames = len(kept)
+        self._log = AppendLog(path, keep=keep_until is not None)
+
+    def append(self, atoms: list[Any], step: int) -> None:
+        """Append the frame(s) of ``atoms`` (ASE Atoms), tagged with ``step``."""
+        from ase.io import write
+
+        for a in atoms:
+            a.info["step"] = step
+        buf = io.StringIO()
+        write(buf, atoms, format="extxyz")
+        self._log.append(buf.getvalue())
+        self.frames += 1
+
+    def close(self) -> None:
+        """fsync and close."""
+        self._log.close()
+
+
+def write_plot(rows: list[dict[str, float]], path: Path) -> bool:
+    """Energies against step, written atomically; False without matplotlib or rows."""
+    if not rows:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("E_pot", "E_kin", "E_tot"):
+        ax.plot(steps, [r[key] for r in rows], label=key)
+    ax.set_xlabel("step")
+    ax.set_ylabel("energy (eV)")
+    ax.legend()
+    ax.set_title("nvdd run: NVT then NVE")
+    fig.tight_layout()
+    try:
+        with atomic_write(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    return True
+
+
+def nve_drift_per_atom(rows: list[dict[str, float]], nvt_steps: int) -> float | None:
+    """``|E_tot(last) - E_tot(first)| / n_atoms`` over the NVE rows (None with < 2)."""
+    nve = [r for r in rows if r["step"] > nvt_steps]
+    if len(nve) < 2:
+        return None
+    n = nve[-1]["n_atoms"]
+    if not (math.isfinite(n) and n > 0):
+        return None
+    return abs(nve[-1]["E_tot"] - nve[0]["E_tot"]) / n

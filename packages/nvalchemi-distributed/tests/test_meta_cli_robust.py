@@ -1,0 +1,223 @@
+"""`nvdd run`: validation before launch, clean exits, streamed outputs, signals, restart."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nvalchemi.distributed._checks import lj_species, validate
+from nvalchemi.distributed._outputs import THERMO_KEYS, ThermoLog, nve_drift_per_atom
+from nvalchemi.distributed.cli import build_parser, main
+
+TINY = ["--cells", "3", "--cutoff", "6.0", "--skin", "0.5", "--thermo-every", "2"]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+
+
+def _nvdd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nvalchemi.distributed.cli", "run", *args]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["run", *argv])
+
+
+@pytest.fixture
+def structures(tmp_path: Path) -> Path:
+    (tmp_path / "cu.xyz").write_text("2\n\nCu 0 0 0\nCu 1.8 0 0\n")
+    (tmp_path / "xx.xyz").write_text("1\n\nXx 0 0 0\n")
+    (tmp_path / "garbage.xyz").write_text("not a structure\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cutoff", "0"], "--cutoff must be > 0 A, got 0.0"),
+        (["--temperature", "-5"], "--temperature must be >= 0 K, got -5.0"),
+        (["--dt", "nan"], "--dt must be > 0 fs, got nan"),
+        (["--grid", "2", "2", "1"], "--grid 2 2 1 has 4 boxes but --nproc is 2"),
+        (["--structure", "{d}/missing.xyz"], "missing.xyz: no such file"),
+        (["--structure", "{d}/garbage.xyz"], "garbage.xyz: ase.io.read cannot read it"),
+        (["--structure", "{d}/xx.xyz"], "unknown element symbol 'Xx'"),
+        (["--structure", "{d}/cu.xyz"], "no Lennard-Jones parameters for Cu (Z=29)"),
+        (["--lj", "Cu:0.4"], "expected SYMBOL:EPSILON:SIGMA"),
+        (["--lj", "Cu:0.4:-1"], "need epsilon >= 0 eV and sigma > 0 A"),
+        (["--restart", "{d}/none"], "no checkpoint there"),
+        (["--watchdog", "-1"], "--watchdog must be >= 0 s"),
+    ],
+)
+def test_bad_arguments_fail_before_any_rank_starts(
+    structures: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    t0 = time.monotonic()
+    rc = main(["run", *(a.format(d=structures) for a in argv)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert time.monotonic() - t0 < 10  # no rank was started
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nvdd run: error: "), err
+    assert message in lines[0], lines[0]
+
+
+def test_ranks_started_by_another_launcher_check_the_arguments_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("NVDD_RUN_ARGV", raising=False)
+    assert main(["run", "--cutoff", "-1"]) == 2  # before init_distributed
+    assert "--cutoff must be > 0 A, got -1.0" in capsys.readouterr().err
+
+
+def test_cuda_without_gpus_is_refused_up_front(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["run", "--device", "cuda"]) == 2
+    assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
+def test_every_element_needs_lj_parameters(structures: Path) -> None:
+    args = _args("--structure", str(structures / "cu.xyz"))
+    assert any("pass --lj Cu:EPSILON:SIGMA" in p for p in validate(args))
+    args = _args("--structure", str(structures / "cu.xyz"), "--lj", "Cu:0.415:2.28")
+    assert validate(args) == []
+    species = lj_species(args)
+    assert (species[29].epsilon, species[29].sigma) == (0.415, 2.28)
+    assert (species[18].epsilon, species[18].sigma) == (0.0104, 3.40)
+    assert lj_species(_args("--lj", "29:1:2"))[29].symbol == "Cu"
+
+
+def test_nve_drift_divides_by_every_atom_of_the_system() -> None:
+    rows = [
+        {"step": 5.0, "E_tot": -1.0, "n_atoms": 1000.0, "atoms_max": 260.0},
+        {"step": 15.0, "E_tot": -2.0, "n_atoms": 1000.0, "atoms_max": 260.0},
+        {"step": 25.0, "E_tot": -2.5, "n_atoms": 1000.0, "atoms_max": 260.0},
+    ]
+    assert nve_drift_per_atom(rows, nvt_steps=10) == pytest.approx(0.5 / 1000)
+    assert nve_drift_per_atom(rows[:2], nvt_steps=10) is None
+
+
+def test_thermo_is_streamed_and_a_restart_keeps_rows_up_to_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    row = dict.fromkeys(("T", "E_pot", "E_kin", "E_tot", "n_atoms", "atoms_min"), 1.0)
+    row.update(atoms_max=2.0, ms_per_step=3.0)
+    log = ThermoLog(tmp_path / "thermo.csv")
+    for step in (2, 4, 6):
+        log.append({**row, "step": float(step)})
+        assert (tmp_path / "thermo.csv").read_text().count("\n") == 1 + step // 2  # on disk now
+    log.close()
+    again = ThermoLog(tmp_path / "thermo.csv", keep_until=4)
+    assert [r["step"] for r in again.rows] == [2.0, 4.0]
+    again.append({**row, "step": 6.5})
+    again.close()
+    text = (tmp_path / "thermo.csv").read_text().splitlines()
+    assert text[0].startswith("step,T,E_pot,E_kin,E_tot,n_atoms")
+    assert [line.split(",")[0] for line in text[1:]] == ["2", "4", "6.5"]
+
+
+def _outputs_listed(stdout: str) -> list[str]:
+    m = re.search(r"^outputs in .*?/: (.*)$", stdout, flags=re.M)
+    assert m is not None, stdout
+    return [] if m.group(1) == "none" else m.group(1).split(", ")
+
+
+@pytest.mark.gloo
+def test_runs_on_four_ranks_end_cleanly_with_every_output(tmp_path: Path) -> None:
+    for attempt in range(3):  # at 451ab6f 2 of 3 such runs lost their outputs
+        out = tmp_path / f"run{attempt}"
+        args = [*TINY, "--nproc", "4", "--nvt-steps", "4", "--nve-steps", "4"]
+        args += ["--traj-every", "4", "--compare", "none", "--out", str(out)]
+        res = subprocess.run(_nvdd(*args), capture_output=True, text=True, timeout=600, env=_env())
+        text = res.stdout + res.stderr
+        assert res.returncode == 0, text[-3000:]
+        assert "terminate called" not in text
+        listed = _outputs_listed(res.stdout)
+        assert listed == ["thermo.csv", "energies.png", "trajectory.extxyz"]
+        assert sorted(p.name for p in out.iterdir()) == sorted(listed)
+    # Nothing written, nothing listed.
+    out = tmp_path / "quiet"
+    args = [*TINY, "--nproc", "2", "--nvt-steps", "1", "--nve-steps", "0", "--thermo-every", "5"]
+    args += ["--traj-every", "0", "--compare", "none", "--out", str(out)]
+    res = subprocess.run(_nvdd(*args), capture_output=True, text=True, timeout=600, env=_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _outputs_listed(res.stdout) == [] and "NVE energy drift" not in res.stdout
+
+
+def _job_processes(token: str) -> list[int]:
+    """Live processes whose environment mentions ``token`` (our nvdd job's workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.gloo
+def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "job"
+    common = [*TINY, "--traj-every", "2", "--out", str(out)]
+    killed = [*common, "--nproc", "2", "--nvt-steps", "100000", "--nve-steps", "0"]
+    killed += ["--checkpoint-every", "2", "--compare", "none"]
+    proc = subprocess.Popen(
+        _nvdd(*killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 300
+        manifest = out / "checkpoint" / "manifest.json"
+        while time.monotonic() < deadline:  # thermo rows arrive during the run: streamed
+            if manifest.exists() and (out / "thermo.csv").read_text().count("\n") >= 3:
+                break
+            assert proc.poll() is None, "the run ended early"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint or no streamed thermo rows")
+        assert len(_job_processes(str(out))) >= 3  # torchrun and two workers
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 60
+        time.sleep(1.0)
+        assert _job_processes(str(out)) == []  # torchrun and every worker are gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = (out / "thermo.csv").read_text().splitlines()
+    assert all(len(line.split(",")) == len(THERMO_KEYS) for line in lines)  # whole rows only
+    step = json.loads(manifest.read_text())["metadata"]["step"]
+    assert 2 <= step <= 40 and step % 2 == 0
+    # Continue on 3 ranks to step 40 + 4 and compare with an uninterrupted
+    # 1-rank run of all 44 steps.
+    again = [*common, "--nproc", "3", "--nvt-steps", "40", "--nve-steps", "4"]
+    again += ["--compare", "trajectory", "--restart", str(out / "checkpoint")]
+    res = subprocess.run(_nvdd(*again), capture_output=True, text=True, timeout=600, env=_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"at step {step}" in res.stdout
+    m = re.search(r"max \|dx\| = (\S+) A", res.stdout)
+    assert m is not None and float(m.group(1)) < 1e-10, res.stdout
+    steps = [int(line.split(",")[0]) for line in (out / "thermo.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(2, 45, 2))  # rows after the checkpoint were dropped, then redone
+    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 22
+    assert "checkpoint/" in _outputs_listed(res.stdout)
