@@ -24,8 +24,18 @@ from models_testutils import jittered_lattice
 
 from nvdd.core import Batch, ValidationError
 from nvdd.halo import HaloPlan, ParticleHaloConfig, build_halo_plan
-from nvdd.models import ForceMode, LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+from nvdd.models import (
+    ForceMode,
+    LennardJones,
+    LJConfig,
+    MACEConfig,
+    MACEModel,
+    MPNNConfig,
+    ReferenceMPNN,
+    build_mace,
+)
 from nvdd.shardtensor import DDContext, dd_scope
+from nvdd.spec import AdapterRegistry, ForceStrategy
 
 INF = math.inf
 #: Halo width beyond the model's cutoff (the runtime's skin).
@@ -35,7 +45,7 @@ LJ_SPECIES = {18: (1.0, 1.0), 10: (0.4, 0.8), 36: (1.3, 1.1)}
 LJ_PAIRS = {(36, 10): (0.7, 0.95)}
 LJ_CUTOFF = 2.5
 MPNN_CUTOFF = 2.6
-_ZS = {"lj": (18, 10, 36), "mpnn": (1, 6, 8)}
+_ZS = {"lj": (18, 10, 36), "mpnn": (1, 6, 8), "mace": (1, 6, 8)}
 
 
 @dataclass(frozen=True)
@@ -100,8 +110,17 @@ CASES: dict[str, tuple[int, tuple[System, ...]]] = {
 
 def make_model(
     kind: str, layers: int = 2, skin: float = 0.0, mode: str = "direct", dtype: Any = None
-) -> LennardJones | ReferenceMPNN:
-    """The models under test (identical on every rank and in the oracle)."""
+) -> Any:
+    """The models under test (identical on every rank and in the oracle).
+
+    ``"mace"``: a small random mace-torch ScaleShiftMACE (``layers`` interactions,
+    ``mode="no-refresh"`` drops its ghost refresh adapters from the spec).
+    """
+    if kind == "mace":
+        config = MACEConfig(atomic_numbers=_ZS["mace"], r_max=MPNN_CUTOFF, num_interactions=layers)
+        model = MACEModel(build_mace(config, dtype=dtype or torch.float64), skin=skin)
+        model.drop_refresh = mode == "no-refresh"  # type: ignore[assignment]
+        return model
     if kind == "lj":
         return LennardJones(
             LJConfig(
@@ -122,6 +141,17 @@ def make_model(
         skin=skin,
     )
     return ReferenceMPNN(config, dtype=dtype or torch.float64)
+
+
+def adapters_of(model: Any) -> tuple[Any, ...]:
+    """The spec's adapters, as the runtime installs them (none with ``drop_refresh``)."""
+    if getattr(model, "drop_refresh", False):
+        return ()
+    return tuple(model.distribution_spec().adapters())
+
+
+def is_autograd(model: Any) -> bool:
+    return bool(model.distribution_spec().force_strategy is ForceStrategy.AUTOGRAD)
 
 
 def cutoff_of(kind: str) -> float:
@@ -252,7 +282,7 @@ def dd_forward(
     ctx = DDContext(
         layout=plan, positions=leaf, n_systems=padded.n_systems, topology_version=version
     )
-    with dd_scope(ctx):
+    with AdapterRegistry(adapters_of(model)), dd_scope(ctx):
         out = model(padded.replace(positions=leaf))
     n = plan.n_owned
     f = out["forces"].detach()
@@ -301,7 +331,7 @@ def run_steps(
             plan = build_plan(case, kind, batch, owned)
             version += 1
         padded = padded_batch(batch, owned, plan)
-        res = dd_forward(model, padded, plan, version, autograd=kind == "mpnn")
+        res = dd_forward(model, padded, plan, version, autograd=is_autograd(model))
         res["n_builds"] = model.neighbors.n_builds
         res["n_ghost"] = plan.n_ghost
         results.append(res)
@@ -331,7 +361,7 @@ def run_bad_rank(kind: str, case: str, bad_rank: int, how: str) -> str:
             kwargs["n_receivers"] = plan.n_owned - 1
         elif how == "pbc":
             padded = padded.replace(pbc=torch.ones_like(padded.pbc))
-    leaf = padded.positions.detach().requires_grad_(kind == "mpnn")
+    leaf = padded.positions.detach().requires_grad_(kind != "lj")
     try:
         with dd_scope(DDContext(layout=plan, positions=leaf)):
             model(padded.replace(positions=leaf), **kwargs)
@@ -355,11 +385,35 @@ def count_all_reduce(kind: str, case: str) -> list[int]:
     try:
         for version in (0, 0, 1):
             calls[0] = 0
-            leaf = padded.positions.detach().requires_grad_(kind == "mpnn")
+            leaf = padded.positions.detach().requires_grad_(kind != "lj")
             ctx = DDContext(layout=plan, positions=leaf, topology_version=version)
-            with dd_scope(ctx):
+            with AdapterRegistry(adapters_of(model)), dd_scope(ctx):
                 model(padded.replace(positions=leaf))
             counts.append(calls[0])
     finally:
         dist.all_reduce = original
     return counts
+
+
+def count_exchanges(kind: str, case: str, layers: int) -> int:
+    """Rank function: ``all_to_all_single`` calls of one model forward (forces included)."""
+    model = make_model(kind, layers)
+    batch = global_batch(case, kind)
+    owned = owned_rows(batch, boxes_of(case), dist.get_rank())
+    plan = build_plan(case, kind, batch, owned)
+    padded = padded_batch(batch, owned, plan)
+    calls = [0]
+    original = dist.all_to_all_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    leaf = padded.positions.detach().requires_grad_(True)
+    dist.all_to_all_single = counting  # type: ignore[assignment]
+    try:
+        with AdapterRegistry(adapters_of(model)), dd_scope(DDContext(layout=plan, positions=leaf)):
+            model(padded.replace(positions=leaf))
+    finally:
+        dist.all_to_all_single = original
+    return calls[0]

@@ -5,9 +5,12 @@
   searched by vesin; the Verlet list keeps a skin and rebuilds only when needed.
 - :class:`LennardJones`: per-species Lennard-Jones, direct or autograd forces.
 - :class:`ReferenceMPNN`: a small deterministic message-passing network.
+- :class:`MACEModel`: any mace-torch ``MACE`` / ``ScaleShiftMACE`` (the optional
+  ``nvdd-models[mace]`` extra; :func:`load_mace` reads a saved ``.model`` file,
+  :func:`build_mace` builds a random one from a :class:`MACEConfig`).
 
-Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
-``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO``, and inside a live DD context
+Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
+``SPEC_LJ_HALO`` / ``SPEC_MPNN_HALO`` / ``SPEC_MACE_HALO``, and inside a live DD context
 (``nvdd.shardtensor.dd_scope``) ``forward`` runs on one rank's
 ``[owned | ghost]`` rows (owned receivers, owned energies, forces on every row).
 """
@@ -15,6 +18,8 @@ Both models are ``nvdd.spec.BaseModelMixin``s: ``distribution_spec()`` returns
 from nvdd.models.__about__ import __version__
 from nvdd.models._lj import LennardJones
 from nvdd.models._lj_config import ForceMode, LJConfig, MixingRule
+from nvdd.models._mace import MACEModel
+from nvdd.models._mace_build import MACEConfig, build_mace, load_mace
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
 from nvdd.models._verlet import VerletList
@@ -24,10 +29,14 @@ __all__ = [
     "ForceMode",
     "LJConfig",
     "LennardJones",
+    "MACEConfig",
+    "MACEModel",
     "MPNNConfig",
     "MixingRule",
     "NeighborList",
     "ReferenceMPNN",
     "VerletList",
+    "build_mace",
+    "load_mace",
     "__version__",
 ]
