@@ -17,6 +17,7 @@ from nvdd.dynamics._domain_parallel import DomainParallel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
 from nvdd.dynamics._rng import atom_normal
+from nvdd.dynamics._spec_report import describe_spec
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "VelocityVerlet",
     "__version__",
     "atom_normal",
+    "describe_spec",
     "kinetic_energy",
     "temperature",
     "trace_and_validate",
