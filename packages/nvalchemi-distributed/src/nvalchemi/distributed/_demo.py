@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from nvalchemi.distributed._models import AR_LATTICE, build_model, builtin_system
 from nvdd.core import Batch, OptionalDependencyError, init_distributed
 from nvdd.dynamics import (
     KB_EV_PER_K,
@@ -25,9 +26,6 @@ from nvdd.dynamics import (
 )
 
 __all__ = ["argon_box", "run_rank"]
-
-#: Argon: Lennard-Jones epsilon (eV), sigma (Angstrom), FCC lattice constant (Angstrom).
-AR_EPSILON, AR_SIGMA, AR_LATTICE = 0.0104, 3.40, 5.26
 
 
 def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int) -> Batch:
@@ -56,14 +54,7 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
 
 
 def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
-    try:
-        from nvdd.models import LennardJones, LJConfig
-    except ImportError as exc:
-        raise OptionalDependencyError(
-            "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]"
-        ) from exc
-    config = LJConfig(cutoff=args.cutoff, epsilon=AR_EPSILON, sigma=AR_SIGMA, skin=args.skin)
-    return LennardJones(config).to(device=device, dtype=dtype)
+    return build_model(args, device, dtype)  # --model lj | mace (see _models.py)
 
 
 def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) -> Batch:
@@ -74,6 +65,9 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
             raise OptionalDependencyError("ase", "--structure", extra="nvdd-core[ase]") from exc
         atoms = read(args.structure)
         return Batch.from_ase(atoms, dtype=dtype, device=device)
+    builtin = builtin_system(args, dtype)  # the model's own box (MACE: O/Si), else argon
+    if builtin is not None:
+        return builtin.to(device)
     return argon_box(args.cells, dtype=dtype, temperature_K=args.temperature, seed=args.seed).to(
         device
     )
@@ -249,6 +243,7 @@ def run_rank(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
     model = _model(args, device, dtype)
+    args.cutoff = float(model.cutoff)  # the halo follows the model (MACE: its r_max)
     start = _load(args, dtype, device) if rank == 0 else None
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)

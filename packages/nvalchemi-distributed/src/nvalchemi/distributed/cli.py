@@ -46,6 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the system with ase.io.read instead of building argon",
     )
+    run.add_argument(
+        "--model",
+        choices=("lj", "mace"),
+        default="lj",
+        help="lj: argon Lennard-Jones; mace: a mace-torch MACE (--model-file, or a built-in "
+        "small random one on an O/Si box of --cells**3 atoms)",
+    )
+    run.add_argument(
+        "--model-file",
+        default=None,
+        help="a saved mace-torch model (.model; unpickled: trusted files only)",
+    )
     run.add_argument("--nvt-steps", type=int, default=100, help="Langevin equilibration steps")
     run.add_argument("--nve-steps", type=int, default=100, help="velocity-Verlet steps after it")
     run.add_argument("--dt", type=float, default=4.0, help="time step, fs")
@@ -97,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.nproc < 1:
         print(f"nvdd run: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
+        return 2
+    from nvalchemi.distributed._model_args import model_args_problem
+
+    problem = model_args_problem(args)
+    if problem is not None:
+        print(f"nvdd run: {problem}", file=sys.stderr)
         return 2
     if _under_launcher():
         from nvalchemi.distributed._demo import run_rank
