@@ -96,7 +96,9 @@ def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> Referen
 
 
 def model_for(name: str) -> tuple[torch.nn.Module, float]:
-    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``."""
+    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``."""
+    if name == "mace":
+        return mace_model(), MACE_R_MAX
     if name == "lj":
         return lj_model(), LJ_CUTOFF
     return mpnn_model(int(name[-1])), MPNN_CUTOFF

@@ -71,20 +71,23 @@ def _nvdd_run(*args: str) -> subprocess.CompletedProcess[str]:
 _MACE_RUN = ("--nproc", "2", "--nvt-steps", "2", "--nve-steps", "2", "--thermo-every", "2")
 
 
-@pytest.mark.gloo
-def test_nvdd_run_with_the_built_in_mace(tmp_path: Path) -> None:
+def test_the_built_in_mace_and_its_box() -> None:
+    """``--model mace`` without a file: a random MACE on an O/Si box of cells**3 atoms
+    (the subprocess run below covers the DD path with a model file)."""
     pytest.importorskip("mace")
-    out = tmp_path / "mace"
-    res = _nvdd_run(
-        "--model", "mace", "--cells", "6", "--traj-every", "2", "--out", str(out), *_MACE_RUN
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "216 atoms on 2 cpu rank(s) (gloo)" in res.stdout
-    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 216 atoms", res.stdout)
-    assert m is not None, res.stdout
-    assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
-    assert (out / "thermo.csv").read_text().startswith("step,T,E_pot,E_kin,E_tot")
-    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 2
+    import torch
+
+    from nvalchemi.distributed._models import build_model, builtin_system
+
+    args = build_parser().parse_args(["run", "--model", "mace", "--cells", "4", "--skin", "0.5"])
+    batch = builtin_system(args, torch.float64)
+    assert batch is not None and batch.n_atoms == 64
+    assert set(batch.atomic_numbers.tolist()) == {8, 14} and bool(batch.pbc.all())
+    model = build_model(args, torch.device("cpu"), torch.float64)
+    assert model.cutoff == 5.0 and model.atomic_numbers == [8, 14]
+    out = model(batch)
+    assert out["forces"].shape == (64, 3) and bool(torch.isfinite(out["forces"]).all())
+    assert builtin_system(build_parser().parse_args(["run"]), torch.float64) is None  # argon
 
 
 @pytest.mark.gloo

@@ -96,12 +96,14 @@ def _validate_on_my_ranks(model: torch.nn.Module, batch: Batch) -> ValidationRep
     return trace_and_validate(model, batch)
 
 
-def _validate_with_world_size(batch: Batch) -> str:
-    try:
-        trace_and_validate(SoftPair(), batch, world_size=3)
-    except ConfigurationError as exc:
-        return str(exc)
-    return "no error"
+def _validate_with_bad_arguments(batch: Batch) -> list[str]:
+    messages = []
+    for kwargs in ({"world_size": 3}, {"device": "cuda"}):
+        try:
+            trace_and_validate(SoftPair(), batch, **kwargs)  # type: ignore[arg-type]
+        except ConfigurationError as exc:
+            messages.append(str(exc))
+    return messages
 
 
 def test_under_an_existing_process_group_every_rank_gets_the_report() -> None:
@@ -112,8 +114,9 @@ def test_under_an_existing_process_group_every_rank_gets_the_report() -> None:
         assert report.culprit == Culprit("layers.1", stale_input="0", producer="layers.0")
     good = run_ranks(_validate_on_my_ranks, 3, SoftPair(), make_gas(n=48), timeout_s=120)
     assert all(r.passed and r.world_size == 3 for r in good), good[0].summary()
-    messages = run_ranks(_validate_with_world_size, 2, make_gas(), timeout_s=60)
-    assert all("world_size=3) under a process group of 2 ranks" in m for m in messages)
+    for messages in run_ranks(_validate_with_bad_arguments, 2, make_gas(), timeout_s=60):
+        assert "world_size=3) under a process group of 2 ranks" in messages[0]
+        assert "device='cuda') under a gloo process group" in messages[1]
 
 
 # -------------------------------------------------- scripts without a guard

@@ -336,6 +336,8 @@ def trace_and_validate(
                 "the model's spec."
             )
     config = DomainConfig(cutoff=cutoff, skin=skin, migration_hysteresis=0.0)
+    if isinstance(model, torch.nn.Module):
+        model.to(dev)  # the reference runs where the decomposed run will
     is_root = not collective or dist.get_rank() == 0
     ref = _probe_single(model, batch.to(dev)) if is_root else None
 
