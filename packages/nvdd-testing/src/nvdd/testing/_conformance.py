@@ -304,8 +304,10 @@ def assert_dd_equivalent(
     ``ranks``: forces, energy and stress at t = 0 and the state after ``steps``
     velocity-Verlet steps (positions, forces, energy), by atom id, against the
     single-process run; the atom set is checked too. Ranks are CPU processes over
-    gloo spawned from here (the model is pickled to them: its class must be
-    importable, and a script must call this under ``if __name__ == "__main__":``).
+    gloo spawned from here (the model is moved to the CPU and pickled to them: its
+    class must be importable, and a script must call this under
+    ``if __name__ == "__main__":``). Call it from one process (a test), not from
+    every rank of a torchrun job.
 
     Parameters
     ----------
@@ -354,6 +356,8 @@ def assert_dd_equivalent(
         raise ConfigurationError(
             f"need steps >= 0, dt_fs > 0 and skin >= 0, got {steps}, {dt_fs}, {skin}"
         )
+    if isinstance(model, torch.nn.Module):
+        model.to("cpu")  # the kit's ranks are CPU processes
     tol = tolerances if tolerances is not None else DDTolerances.for_dtype(batch.dtype)
     in_use = spec if spec is not None else model.distribution_spec()
     cases = variants(batch.to("cpu"), systems, temperature_K)
