@@ -223,7 +223,8 @@ def _oracle(case: str, layers: int, dtype: torch.dtype = torch.float64) -> dict[
     return out
 
 
-MACE_CASES = [("periodic-2", 2), ("triclinic-3", 3), ("mixed-open-cuts-3", 2), ("two-systems-2", 2)]
+# periodic-2 runs in float32 below
+MACE_CASES = [("triclinic-3", 3), ("mixed-open-cuts-3", 2), ("two-systems-2", 2)]
 
 
 @pytest.mark.gloo
@@ -268,8 +269,8 @@ def test_without_the_refresh_the_forces_are_wrong() -> None:
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize("layers", [1, 3])
-def test_two_exchanges_per_interaction_after_the_first(layers: int) -> None:
-    """Refresh forward + its reverse in the backward; none for the first interaction."""
-    counts = run_ranks(count_exchanges, 2, "mace", "periodic-2", layers, timeout_s=300)
-    assert counts == [2 * (layers - 1)] * 2
+def test_two_exchanges_per_interaction_after_the_first() -> None:
+    """Refresh forward + its reverse in the backward, none for the first interaction:
+    4 for 3 interactions (6 if the first were refreshed too)."""
+    counts = run_ranks(count_exchanges, 2, "mace", "periodic-2", 3, timeout_s=300)
+    assert counts == [4, 4]
