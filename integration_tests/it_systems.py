@@ -96,7 +96,9 @@ def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> Referen
 
 
 def model_for(name: str) -> tuple[torch.nn.Module, float]:
-    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``."""
+    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``."""
+    if name == "mace":
+        return mace_model(), MACE_R_MAX
     if name == "lj":
         return lj_model(), LJ_CUTOFF
     return mpnn_model(int(name[-1])), MPNN_CUTOFF
@@ -109,3 +111,34 @@ def wrapped_max_diff(
     frac = torch.linalg.solve(cell.T, (a - b).T).T
     frac = torch.where(pbc, frac - torch.round(frac), frac)
     return float((frac @ cell).abs().max()) if a.numel() else 0.0
+
+
+MACE_R_MAX = 3.5
+
+
+def oxide(n: tuple[int, int, int] = (6, 5, 5), spacing: float = 2.0, seed: int = 0) -> Batch:
+    """A silica-like test system: O and Si (2:1) on a jittered simple-cubic lattice."""
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.stack(
+        torch.meshgrid(*[torch.arange(k, dtype=torch.float64) for k in n], indexing="ij"), -1
+    ).reshape(-1, 3)
+    m = grid.shape[0]
+    positions = (grid + 0.5) * spacing + 0.05 * torch.randn(m, 3, generator=g, dtype=torch.float64)
+    z = torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14)
+    return Batch(
+        positions=positions,
+        atomic_numbers=z,
+        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(m, generator=g) * 2 + 1,
+    )
+
+
+def mace_model(num_interactions: int = 2, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """A small random MACE (8x0e+8x1o, max_ell 2, correlation 2) for O and Si."""
+    from nvdd.models import MACEConfig, MACEModel, build_mace
+
+    config = MACEConfig(
+        atomic_numbers=(8, 14), r_max=MACE_R_MAX, num_interactions=num_interactions, seed=1
+    )
+    return MACEModel(build_mace(config, dtype=dtype), skin=0.3)

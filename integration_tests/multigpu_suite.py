@@ -23,10 +23,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from it_systems import crystal, model_for, wrapped_max_diff
+from it_systems import crystal, mace_model, model_for, oxide, wrapped_max_diff
 
 from nvdd.core import init_distributed
-from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
+from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet, trace_and_validate
+from nvdd.spec import DistributionSpec
 
 SCENARIOS = [
     # (name, system, model, steps, dt fs, species)
@@ -36,6 +37,7 @@ SCENARIOS = [
     ("lj-cluster-open", "cluster", "lj", 50, 4.0, (18,)),
     ("mpnn2-periodic", "periodic", "mpnn2", 30, 1.0, (18, 36)),
     ("mpnn3-triclinic", "triclinic", "mpnn3", 20, 1.0, (18, 36)),
+    ("mace-oxide", "oxide", "mace", 10, 0.5, (8, 14)),
 ]
 
 
@@ -51,7 +53,7 @@ def _run(
 ):
     model, cutoff = model_for(model_name)
     model = model.to(device=device, dtype=dtype)
-    batch = crystal(kind, species=species).to(device, dtype)
+    batch = (oxide() if kind == "oxide" else crystal(kind, species=species)).to(device, dtype)
     dyn = VelocityVerlet(model, batch, dt_fs=dt)
     if not decomposed:
         dyn.run(steps)
@@ -116,13 +118,36 @@ def main() -> int:
         flag = torch.tensor([0 if ok else 1], device=device)
         dist.all_reduce(flag)
         failures += int(flag.item())
+    checks = len(cases)
+    if world >= 2:  # trace_and_validate on the GPUs of this torchrun (collective)
+        checks += 2
+        failures += _trace_mace(rank, args.tolerance_scale)
     if rank == 0:
         print(
-            f"multigpu_suite: {len(cases) - failures}/{len(cases)} scenarios passed "
-            f"on {world} GPU rank(s)"
+            f"multigpu_suite: {checks - failures}/{checks} scenarios passed on {world} GPU rank(s)"
         )
     dist.destroy_process_group()
     return 1 if failures else 0
+
+
+def _trace_mace(rank: int, scale: float) -> int:
+    """trace_and_validate(device="cuda") on MACE: passes; without its refresh adapter
+    it names mace.interactions.1. Every rank gets the same report."""
+    model, batch = mace_model(), oxide((5, 4, 4))
+    good = trace_and_validate(model, batch, device="cuda", tolerance=1e-8 * scale)
+    broken_spec = model.distribution_spec().replace(
+        distribution=DistributionSpec(), name="no refresh"
+    )
+    bad = trace_and_validate(model, batch, spec=broken_spec, device="cuda", tolerance=1e-8 * scale)
+    fails = int(not good.passed) + int(bad.passed or bad.first_uncovered != "mace.interactions.1")
+    if rank == 0:
+        print(f"{'PASS' if good.passed else 'FAIL'} trace-mace-cuda      {good.errors}", flush=True)
+        ok = not bad.passed and bad.first_uncovered == "mace.interactions.1"
+        print(
+            f"{'PASS' if ok else 'FAIL'} trace-mace-no-refresh first_uncovered={bad.first_uncovered}",
+            flush=True,
+        )
+    return fails
 
 
 if __name__ == "__main__":

@@ -117,3 +117,80 @@ def test_parser_defaults_describe_the_main_job() -> None:
     args = build_parser().parse_args(["run"])
     assert args.cells == 20 and args.nproc == 2 and args.device == "cpu"
     assert 4 * args.cells**3 == 32000
+
+
+def _nvdd_run(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
+_MACE_RUN = ("--nproc", "2", "--nvt-steps", "2", "--nve-steps", "2", "--thermo-every", "2")
+
+
+def test_the_built_in_mace_and_its_box() -> None:
+    """``--model mace`` without a file: a random MACE on an O/Si box of cells**3 atoms
+    (the subprocess run below covers the DD path with a model file)."""
+    pytest.importorskip("mace")
+    import torch
+
+    from nvalchemi.distributed._models import build_model, builtin_system
+
+    args = build_parser().parse_args(["run", "--model", "mace", "--cells", "4", "--skin", "0.5"])
+    batch = builtin_system(args, torch.float64)
+    assert batch is not None and batch.n_atoms == 64
+    assert set(batch.atomic_numbers.tolist()) == {8, 14} and bool(batch.pbc.all())
+    model = build_model(args, torch.device("cpu"), torch.float64)
+    assert model.cutoff == 5.0 and model.atomic_numbers == [8, 14]
+    out = model(batch)
+    assert out["forces"].shape == (64, 3) and bool(torch.isfinite(out["forces"]).all())
+    assert builtin_system(build_parser().parse_args(["run"]), torch.float64) is None  # argon
+
+
+@pytest.mark.gloo
+def test_nvdd_run_with_a_mace_model_file_and_a_structure(tmp_path: Path) -> None:
+    pytest.importorskip("mace")
+    import ase
+    import ase.io
+    import torch
+
+    from nvdd.models import MACEConfig, build_mace
+
+    model_file = tmp_path / "oxide.model"
+    torch.save(build_mace(MACEConfig(atomic_numbers=(8, 14), r_max=4.0, seed=5)), model_file)
+    g = torch.Generator().manual_seed(0)
+    grid = torch.stack(torch.meshgrid(*[torch.arange(5.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    positions = (grid + 0.5) * 2.5 + 0.05 * torch.randn(125, 3, generator=g)
+    numbers = [8 if k % 3 else 14 for k in range(125)]
+    atoms = ase.Atoms(numbers=numbers, positions=positions.numpy(), cell=[12.5] * 3, pbc=True)
+    ase.io.write(tmp_path / "oxide.xyz", atoms, format="extxyz")
+    out = tmp_path / "run"
+    res = _nvdd_run(
+        "--model",
+        "mace",
+        "--model-file",
+        str(model_file),
+        "--structure",
+        str(tmp_path / "oxide.xyz"),
+        "--traj-every",
+        "0",
+        "--out",
+        str(out),
+        *_MACE_RUN,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 125 atoms", res.stdout)
+    assert m is not None and float(m.group(1)) < 1e-10, res.stdout
+    assert (out / "thermo.csv").is_file()
+
+
+def test_model_options_are_checked_before_ranks_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nvalchemi.distributed.cli import main
+
+    assert main(["run", "--model-file", str(tmp_path / "x.model")]) == 2
+    assert "use it with --model mace" in capsys.readouterr().err
+    assert main(["run", "--model", "mace", "--model-file", str(tmp_path / "missing.model")]) == 2
+    assert "missing.model' does not exist" in capsys.readouterr().err
+    assert build_parser().parse_args(["run"]).model == "lj"

@@ -91,6 +91,30 @@ def test_run_ranks_rejects_local_functions() -> None:
         run_ranks(local, 2)
 
 
+class _Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2.0 * x
+
+
+def _apply(module: torch.nn.Module) -> tuple[list[float], bool]:
+    return module(torch.ones(2)).tolist(), isinstance(module, torch.jit.ScriptModule)
+
+
+def test_torchscript_modules_travel_to_and_from_ranks() -> None:
+    """Plain pickle refuses ScriptModules; spawn_ranks sends them through torch.jit.save."""
+    scripted = torch.jit.script(_Scale())
+    wrapper = torch.nn.Sequential(scripted)  # a Python module holding a scripted one
+    for module in (scripted, wrapper):
+        assert spawn_ranks(_apply, 2, module) == [([2.0, 2.0], module is scripted)] * 2
+    (back,) = spawn_ranks(_identity, 1, scripted)
+    assert isinstance(back, torch.jit.ScriptModule)
+    assert back(torch.ones(1)).tolist() == [2.0]
+
+
+def _identity(value: object) -> object:
+    return value
+
+
 def _threads() -> int:
     return torch.get_num_threads()
 

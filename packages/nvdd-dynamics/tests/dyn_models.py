@@ -45,7 +45,7 @@ class SoftPair(BaseModelMixin, torch.nn.Module):
     def distribution_spec(self, strategy: StrategyKind = StrategyKind.HALO) -> MLIPSpec:
         return self._spec
 
-    def forward(self, batch: Batch) -> ModelOutputs:
+    def forward(self, batch: Batch, weights: torch.Tensor | None = None) -> ModelOutputs:
         ctx = current_dd_context()
         pos = batch.positions
         leaf = pos if pos.requires_grad else pos.detach().requires_grad_(True)
@@ -68,6 +68,8 @@ class SoftPair(BaseModelMixin, torch.nn.Module):
             safe = torch.where(mask, r, torch.full_like(r, self.rc))
             phi = self.eps * (1 - safe / self.rc) ** 3
             e_atom = e_atom.index_add(0, rows, 0.5 * (phi * mask).sum(dim=(1, 2)))
+        if weights is not None:  # per-receiver weights (WeightedPair)
+            e_atom = e_atom * weights
         scope = (
             Scope.LOCAL
             if self._spec.output("energy").effective_reduce().value == "all_reduce"
@@ -101,7 +103,7 @@ class MPLayer(torch.nn.Module):
         self.rc = rc
 
     def forward(self, h: torch.Tensor, pos: torch.Tensor, n_recv: int) -> torch.Tensor:
-        d = (pos[None, :, :] - pos[:, None, :]).norm(dim=-1)
+        d = torch.linalg.vector_norm(pos[None, :, :] - pos[:, None, :], dim=-1)
         w = torch.where(d < self.rc, (1 - d / self.rc) ** 2, torch.zeros_like(d))
         w = w * (~torch.eye(len(pos), dtype=torch.bool))
         w[n_recv:] = 0.0
@@ -135,3 +137,40 @@ class ToyMP(BaseModelMixin, torch.nn.Module):
         energy = system_sum(e_atom, batch.system_index, batch.n_systems, scope=Scope.OWNED)
         (grad,) = torch.autograd.grad(energy.sum(), leaf)
         return {"energy": energy, "forces": -grad}
+
+
+class ScriptedToyMP(ToyMP):
+    """ToyMP whose layers are TorchScript modules (forward hooks are not supported on them)."""
+
+    def __init__(self, rc: float = 2.5) -> None:
+        super().__init__(rc)
+        self.layers = torch.nn.ModuleList([torch.jit.script(MPLayer(rc)) for _ in range(2)])
+
+
+@torch.library.custom_op("nvdd_dyn_test::species_weight", mutates_args=())
+def species_weight(z: torch.Tensor, scale: float) -> torch.Tensor:
+    """A custom op: one weight per atom from its atomic number (float64)."""
+    return 1.0 + scale * (z.to(torch.float64) % 7)
+
+
+@species_weight.register_fake
+def _(z: torch.Tensor, scale: float) -> torch.Tensor:
+    return z.new_empty(z.shape, dtype=torch.float64)
+
+
+class SpeciesWeights(torch.nn.Module):
+    """Per-atom weights through the custom op (ghost rows exact: species are exchanged)."""
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.ops.nvdd_dyn_test.species_weight(z, 0.1)
+
+
+class WeightedPair(SoftPair):
+    """SoftPair whose per-atom energies are scaled by weights from a custom op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = SpeciesWeights()
+
+    def forward(self, batch: Batch, weights: torch.Tensor | None = None) -> ModelOutputs:
+        return super().forward(batch, weights=self.weights(batch.atomic_numbers))

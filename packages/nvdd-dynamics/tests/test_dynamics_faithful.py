@@ -52,6 +52,33 @@ def test_a_nan_mid_run_stops_every_rank_with_the_atom_named(field: str, world: i
     assert "atom id" in out[0]
 
 
+def _blown_up(bad_rank: int) -> str:
+    import torch.distributed as dist
+
+    dyn = VelocityVerlet(SoftPair(), make_gas(n=40, pbc=(False, False, False)), dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0)) as dp:
+        dp.partition()
+
+        def fling(ctx: object) -> None:
+            if dist.get_rank() == bad_rank and dyn.step_count == 2 and dyn.batch.n_atoms:
+                dyn.batch.positions[0] = torch.tensor([2.0e6, 1.0, 1.0], dtype=torch.float64)
+
+        dp.register_hook(HookStage.AFTER_PRE_UPDATE, fling)
+        try:
+            dp.run(6)
+        except ValidationError as exc:
+            return f"step {dyn.step_count}: {exc}"
+    return "no error"
+
+
+def test_an_atom_flung_a_million_angstrom_away_is_named_not_a_crash() -> None:
+    """An open system whose atom flew 2e6 A away: a named error on every rank (a
+    neighbour search there can die with SIGFPE instead of raising)."""
+    out = run_ranks(_blown_up, 2, 1, timeout_s=120)
+    assert out[0] == out[1]
+    assert out[0].startswith("step 2:") and "beyond 1e+06 A" in out[0] and "atom id" in out[0]
+
+
 def _owned_only_forces() -> dict:
     """SoftPair returns forces on ghost rows (they must be folded); a spec that
     declares them owned-only is followed, so the result is NOT silently fixed."""

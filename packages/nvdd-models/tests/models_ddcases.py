@@ -29,10 +29,14 @@ from nvdd.models import (
     LennardJones,
     LJBackend,
     LJConfig,
+    MACEConfig,
+    MACEModel,
     MPNNConfig,
     ReferenceMPNN,
+    build_mace,
 )
 from nvdd.shardtensor import DDContext, dd_scope
+from nvdd.spec import AdapterRegistry, ForceStrategy
 
 INF = math.inf
 #: Halo width beyond the model's cutoff (the runtime's skin).
@@ -42,7 +46,7 @@ LJ_SPECIES = {18: (1.0, 1.0), 10: (0.4, 0.8), 36: (1.3, 1.1)}
 LJ_PAIRS = {(36, 10): (0.7, 0.95)}
 LJ_CUTOFF = 2.5
 MPNN_CUTOFF = 2.6
-_ZS = {"lj": (18, 10, 36), "mpnn": (1, 6, 8)}
+_ZS = {"lj": (18, 10, 36), "mpnn": (1, 6, 8), "mace": (1, 6, 8)}
 
 
 @dataclass(frozen=True)
@@ -113,12 +117,19 @@ def make_model(
     dtype: Any = None,
     backend: str = "auto",
     half_list: bool = True,
-) -> LennardJones | ReferenceMPNN:
+) -> Any:
     """The models under test (identical on every rank and in the oracle).
 
     ``backend`` and ``half_list`` choose the LJ implementation (the oracle of
     the tests uses the torch reference, the ranks the default Warp path).
+    ``"mace"``: a small random mace-torch ScaleShiftMACE (``layers`` interactions,
+    ``mode="no-refresh"`` drops its ghost refresh adapters from the spec).
     """
+    if kind == "mace":
+        config = MACEConfig(atomic_numbers=_ZS["mace"], r_max=MPNN_CUTOFF, num_interactions=layers)
+        model = MACEModel(build_mace(config, dtype=dtype or torch.float64), skin=skin)
+        model.drop_refresh = mode == "no-refresh"  # type: ignore[assignment]
+        return model
     if kind == "lj":
         return LennardJones(
             LJConfig(
@@ -141,6 +152,17 @@ def make_model(
         skin=skin,
     )
     return ReferenceMPNN(config, dtype=dtype or torch.float64)
+
+
+def adapters_of(model: Any) -> tuple[Any, ...]:
+    """The spec's adapters, as the runtime installs them (none with ``drop_refresh``)."""
+    if getattr(model, "drop_refresh", False):
+        return ()
+    return tuple(model.distribution_spec().adapters())
+
+
+def is_autograd(model: Any) -> bool:
+    return bool(model.distribution_spec().force_strategy is ForceStrategy.AUTOGRAD)
 
 
 def cutoff_of(kind: str) -> float:
@@ -278,7 +300,7 @@ def dd_forward(
         layout=plan, positions=leaf, n_systems=padded.n_systems, topology_version=version
     )
     kwargs = {} if ghost_forces else {"ghost_forces": False}
-    with dd_scope(ctx):
+    with AdapterRegistry(adapters_of(model)), dd_scope(ctx):
         out = model(padded.replace(positions=leaf), **kwargs)
     n = plan.n_owned
     f = out["forces"].detach()
@@ -334,14 +356,14 @@ def run_steps(
             plan = build_plan(case, kind, batch, owned)
             version += 1
         padded = padded_batch(batch, owned, plan)
-        res = dd_forward(model, padded, plan, version, kind == "mpnn", ghost_forces)
+        res = dd_forward(model, padded, plan, version, is_autograd(model), ghost_forces)
         res["n_builds"] = neighbor_builds(model)
         res["n_ghost"] = plan.n_ghost
         results.append(res)
     return results
 
 
-def neighbor_builds(model: LennardJones | ReferenceMPNN) -> int:
+def neighbor_builds(model: Any) -> int:
     """Builds of the model's neighbour list (the one its backend uses)."""
     builds = model.neighbors.n_builds
     if isinstance(model, LennardJones):
@@ -372,7 +394,7 @@ def run_bad_rank(kind: str, case: str, bad_rank: int, how: str) -> str:
             kwargs["n_receivers"] = plan.n_owned - 1
         elif how == "pbc":
             padded = padded.replace(pbc=torch.ones_like(padded.pbc))
-    leaf = padded.positions.detach().requires_grad_(kind == "mpnn")
+    leaf = padded.positions.detach().requires_grad_(kind != "lj")
     try:
         with dd_scope(DDContext(layout=plan, positions=leaf)):
             model(padded.replace(positions=leaf), **kwargs)
@@ -396,11 +418,35 @@ def count_all_reduce(kind: str, case: str) -> list[int]:
     try:
         for version in (0, 0, 1):
             calls[0] = 0
-            leaf = padded.positions.detach().requires_grad_(kind == "mpnn")
+            leaf = padded.positions.detach().requires_grad_(kind != "lj")
             ctx = DDContext(layout=plan, positions=leaf, topology_version=version)
-            with dd_scope(ctx):
+            with AdapterRegistry(adapters_of(model)), dd_scope(ctx):
                 model(padded.replace(positions=leaf))
             counts.append(calls[0])
     finally:
         dist.all_reduce = original
     return counts
+
+
+def count_exchanges(kind: str, case: str, layers: int) -> int:
+    """Rank function: ``all_to_all_single`` calls of one model forward (forces included)."""
+    model = make_model(kind, layers)
+    batch = global_batch(case, kind)
+    owned = owned_rows(batch, boxes_of(case), dist.get_rank())
+    plan = build_plan(case, kind, batch, owned)
+    padded = padded_batch(batch, owned, plan)
+    calls = [0]
+    original = dist.all_to_all_single
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    leaf = padded.positions.detach().requires_grad_(True)
+    dist.all_to_all_single = counting  # type: ignore[assignment]
+    try:
+        with AdapterRegistry(adapters_of(model)), dd_scope(DDContext(layout=plan, positions=leaf)):
+            model(padded.replace(positions=leaf))
+    finally:
+        dist.all_to_all_single = original
+    return calls[0]

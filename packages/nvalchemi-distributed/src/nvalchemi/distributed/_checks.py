@@ -203,7 +203,7 @@ def _model(args: argparse.Namespace) -> list[str]:
         species = lj_species(args)
     except ValueError as exc:
         return [str(exc)]
-    if not args.structure or args.run_file:
+    if not args.structure or args.run_file or getattr(args, "model", "lj") != "lj":
         return []
     try:
         atoms = read_structure(args.structure)
@@ -231,6 +231,14 @@ def _model(args: argparse.Namespace) -> list[str]:
             f"--lj {first}:EPSILON:SIGMA (eV, A) for each (built in: Ar only)"
         )
     return out
+
+
+def _model_options(args: argparse.Namespace) -> list[str]:
+    """``--model`` / ``--model-file`` (a MACE file must exist; LJ takes none)."""
+    from nvalchemi.distributed._model_args import model_args_problem
+
+    problem = model_args_problem(args)
+    return [] if problem is None else [problem]
 
 
 def _ensemble(args: argparse.Namespace) -> list[str]:
@@ -286,6 +294,7 @@ FIRST_PHASE_CLASSES = {"Langevin": "langevin", "NoseHooverNVT": "nvt-nh", "MTKNP
 CHECKERS: list[Callable[[argparse.Namespace], list[str]]] = [
     _numbers,
     _device,
+    _model_options,
     _model,
     _ensemble,
     _run_file,

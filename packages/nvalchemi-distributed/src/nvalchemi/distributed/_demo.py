@@ -19,17 +19,17 @@ import torch
 
 from nvalchemi.distributed._checks import (
     FIRST_PHASE_CLASSES,
-    lj_species,
     read_structure,
     restart_point,
 )
+from nvalchemi.distributed._models import AR_LATTICE, build_model, builtin_system
 from nvalchemi.distributed._outputs import (
     ThermoLog,
     TrajectoryLog,
     nve_drift_per_atom,
     write_plot,
 )
-from nvdd.core import Batch, OptionalDependencyError, init_distributed
+from nvdd.core import Batch, init_distributed
 from nvdd.dynamics import (
     KB_EV_PER_K,
     MTKNPT,
@@ -46,9 +46,6 @@ from nvdd.dynamics import (
 )
 
 __all__ = ["argon_box", "run_rank"]
-
-#: Argon's FCC lattice constant (Angstrom).
-AR_LATTICE = 5.26
 
 
 def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int) -> Batch:
@@ -78,20 +75,13 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
 
 def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     if args.run_file:  # a (composed) model from a run file; the halo covers its cutoff
-        from nvalchemi.distributed._runfile import build_model, load_run_file
+        from nvalchemi.distributed._runfile import build_model as build_composed
+        from nvalchemi.distributed._runfile import load_run_file
 
-        model = build_model(load_run_file(args.run_file)).to(device=device, dtype=dtype)
+        model = build_composed(load_run_file(args.run_file)).to(device=device, dtype=dtype)
         args.cutoff = float(model.cutoff)
         return model
-    try:
-        from nvdd.models import LennardJones, LJConfig
-    except ImportError as exc:
-        raise OptionalDependencyError(
-            "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]"
-        ) from exc
-    species = {z: (p.epsilon, p.sigma) for z, p in lj_species(args).items()}
-    config = LJConfig(cutoff=args.cutoff, species=species, skin=args.skin)
-    return LennardJones(config).to(device=device, dtype=dtype)
+    return build_model(args, device, dtype)  # --model lj | mace (see _models.py)
 
 
 def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) -> Batch:
@@ -104,6 +94,9 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
         )
     if args.structure:
         return Batch.from_ase(read_structure(args.structure), dtype=dtype, device=device)
+    builtin = builtin_system(args, dtype)  # the model's own box (MACE: O/Si), else argon
+    if builtin is not None:
+        return builtin.to(device)
     return argon_box(args.cells, dtype=dtype, temperature_K=args.temperature, seed=args.seed).to(
         device
     )
@@ -326,6 +319,7 @@ def run_rank(args: argparse.Namespace) -> int:
 def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
     args, rank = run.args, run.rank
     model = _model(args, device, dtype)
+    args.cutoff = float(model.cutoff)  # the halo follows the model (MACE: its r_max)
     start = _load(args, dtype, device) if rank == 0 else None
     restart = run.restart
     if rank == 0:

@@ -72,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the system with ase.io.read instead of building argon",
     )
+    system.add_argument(
+        "--model",
+        choices=("lj", "mace"),
+        default="lj",
+        help="lj: Lennard-Jones (argon built in, --lj for other elements); mace: a mace-torch "
+        "MACE (--model-file, or a built-in small random one on an O/Si box of --cells**3 atoms)",
+    )
+    system.add_argument(
+        "--model-file",
+        default=None,
+        help="a saved mace-torch model (.model; unpickled: trusted files only)",
+    )
     system.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
     system.add_argument(
         "--lj",

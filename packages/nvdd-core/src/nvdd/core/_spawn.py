@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -65,6 +66,31 @@ class RankTimeoutError(NvddError, TimeoutError):
 
 #: Environment variable naming extra modules the rank forkserver imports once.
 PRELOAD_ENV = "NVDD_SPAWN_PRELOAD"
+
+
+def _load_script_module(blob: bytes) -> Any:
+    import torch
+
+    return torch.jit.load(io.BytesIO(blob))  # type: ignore[no-untyped-call]
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles TorchScript modules too (``torch.jit.save`` bytes): plain pickle
+    refuses them, and models hold them (a scripted layer, e3nn's kernels)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.jit.ScriptModule):
+            buf = io.BytesIO()
+            torch.jit.save(obj, buf)
+            return _load_script_module, (buf.getvalue(),)
+        return NotImplemented
+
+
+def _dumps(value: Any) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf).dump(value)
+    return buf.getvalue()
 
 
 @cache
@@ -133,7 +159,7 @@ def _rank_main(
         fn = _resolve(*fn_ref)
         args, kwargs = pickle.loads(payload)
         value = fn(*args, **kwargs)
-        results.put((rank, "ok", pickle.dumps(value)))
+        results.put((rank, "ok", _dumps(value)))
     except BaseException as exc:
         tb = traceback.format_exc()
         try:
@@ -164,7 +190,7 @@ def spawn_ranks(
     timeout) and ``torch.set_num_threads(threads_per_rank)`` (unless None); ``RANK``, ``WORLD_SIZE`` and
     ``LOCAL_RANK`` are set as torchrun would. ``fn`` must be importable by module
     and qualified name (a module-level function); arguments and results are
-    pickled.
+    pickled (TorchScript modules among them through ``torch.jit.save``).
 
     Returns
     -------
@@ -187,7 +213,7 @@ def spawn_ranks(
     if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(f"spawn_ranks needs a module-level function, got {fn!r}")
     file = getattr(sys.modules.get(module), "__file__", None)
-    payload = pickle.dumps((args, kwargs))
+    payload = _dumps((args, kwargs))
     ctx = _context(start_method)
     tmp = tempfile.mkdtemp(prefix="nvdd-ranks-")
     results = ctx.Queue()

@@ -27,6 +27,7 @@ from nvdd.dynamics._nose_hoover import NoseHooverChain, NoseHooverNVT, StepSums,
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
 from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
 from nvdd.dynamics._rng import atom_normal
+from nvdd.dynamics._spec_report import describe_spec
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "VelocityVerlet",
     "__version__",
     "atom_normal",
+    "describe_spec",
     "kinetic_energy",
     "load_checkpoint",
     "read_checkpoint",

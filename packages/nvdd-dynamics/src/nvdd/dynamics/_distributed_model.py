@@ -39,7 +39,7 @@ from nvdd.core import (
 )
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
-from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
+from nvdd.dynamics._finite import MAX_COORDINATE, LazyFiniteCheck, nonfinite_flag
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.shardtensor import DDContext, dd_scope
 from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
@@ -511,6 +511,16 @@ def _folds_forces(spec: MLIPSpec) -> bool:
 
 def _nonfinite_message(batch: Batch) -> str | None:
     """What is not finite on this rank (field, first atom id, value), or None."""
+    far = ~(batch.positions.detach().abs() < MAX_COORDINATE).all(dim=1) & torch.isfinite(
+        batch.positions
+    ).all(dim=1)
+    if bool(far.any()):
+        row = int(far.nonzero()[0, 0])
+        return (
+            f"{int(far.sum())} of {batch.n_atoms} owned atoms lie beyond {MAX_COORDINATE:g} A "
+            f"from the origin (first: atom id {int(batch.atom_ids[row])}, position "
+            f"{batch.positions[row].tolist()}): the run blew up"
+        )
     for name in ("positions", "velocities", "forces"):
         t = getattr(batch, name)
         bad = ~torch.isfinite(t).all(dim=1)

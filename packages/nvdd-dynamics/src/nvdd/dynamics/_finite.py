@@ -19,13 +19,20 @@ import torch
 
 from nvdd.core import Batch
 
-__all__ = ["LazyFiniteCheck", "nonfinite_flag"]
+__all__ = ["MAX_COORDINATE", "LazyFiniteCheck", "nonfinite_flag"]
+
+#: Positions beyond this many Angstrom from the origin count as a blown-up run:
+#: neighbour searches misbehave there (vesin 0.6 dies with SIGFPE on an open
+#: system with an atom 1e6 A away), so they are reported like NaN, by atom id.
+MAX_COORDINATE = 1.0e6
 
 
 def nonfinite_flag(batch: Batch) -> torch.Tensor:
     """int32 0-dim tensor on the atoms' device: 1 if any position, velocity or
-    force is not finite, else 0 (no host synchronisation)."""
-    finite = torch.isfinite(batch.positions.detach()).all()
+    force is not finite (or a position lies beyond :data:`MAX_COORDINATE`),
+    else 0 (no host synchronisation)."""
+    pos = batch.positions.detach()
+    finite = (pos.abs() < MAX_COORDINATE).all()
     for t in (batch.velocities, batch.forces):
         finite = finite & torch.isfinite(t).all()
     return (~finite).to(torch.int32)

@@ -1,28 +1,39 @@
 """`trace_and_validate`: check a model's distribution spec before trusting it.
 
-The model runs once in this process (the reference) and once decomposed over a
-few CPU ranks (gloo, spawned from here); outputs and every module's per-atom
-output are compared by global atom id. The first module whose owned rows differ
-is where an uncovered operation lives. With ``fix=True`` candidate repairs are
-tried (per-module ghost refresh adapters, the other force strategy, the presets)
-and the first that validates is reported.
+The model runs once on one process (the reference) and once decomposed over a
+few ranks; outputs and every submodule's per-atom inputs and outputs
+(``ModuleProbe``) are compared by global atom id. The first module whose owned
+rows differ, and the stale neighbour input it read, locate an uncovered
+operation (``_diagnose``). With ``fix=True`` candidate repairs are tried (a ghost
+refresh after the module that produced the stale input, the other force
+strategy, the presets) and the first that validates is reported.
+
+Ranks: spawned CPU ranks over gloo when the caller has no process group, else
+the caller's own ranks (``torchrun``; ``device="cuda"`` for one GPU per rank).
+See ``_launch``.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from nvdd.core import Batch, ConfigurationError, NvddError, RankFailedError, spawn_ranks
 from nvdd.dynamics._config import DomainConfig
+from nvdd.dynamics._diagnose import Culprit, LayerDiagnostic, RankProbe, diagnose
 from nvdd.dynamics._distributed_model import DistributedModel
+from nvdd.dynamics._launch import broadcast, resolve_device, unguarded_caller
+from nvdd.dynamics._probe import Call, ModuleProbe
+from nvdd.dynamics._spec_report import describe_spec
 from nvdd.spec import (
     SPEC_LJ_HALO,
     SPEC_MPNN_HALO,
     SPEC_UMA_HALO,
+    AdapterStatus,
     DistributionSpec,
     ForceStrategy,
     MLIPSpec,
@@ -33,15 +44,7 @@ from nvdd.spec import (
 __all__ = ["LayerDiagnostic", "ValidationReport", "trace_and_validate"]
 
 _OUTPUTS = ("energy", "forces", "stress")
-
-
-@dataclass(frozen=True)
-class LayerDiagnostic:
-    """One module's per-atom output, decomposed vs single process, by atom id."""
-
-    module: str
-    max_abs_error: float
-    ok: bool
+_NO_REPORT = "without reporting a result"
 
 
 @dataclass
@@ -62,12 +65,21 @@ class ValidationReport:
         The repairs tried, in order; the last is the one in effect when ``passed``
         came from a fix.
     layers:
-        Per-module diagnostics in execution order; the first failing entry is
-        where an uncovered per-atom operation is.
+        Per-module diagnostics in call order.
     world_size:
         Ranks of the decomposed run.
     failure:
         Text of an exception raised by the decomposed run, if any.
+    culprit:
+        The first module whose per-atom output differs and the stale neighbour
+        input it read (:class:`~nvdd.dynamics._diagnose.Culprit`), if any.
+    adapters:
+        Status of every adapter of the spec on rank 0 (applied or why not).
+    not_probed:
+        TorchScript submodules that could not be hooked (their Python parents
+        were); ``["<root>"]`` when the whole model is TorchScript.
+    device:
+        Where the decomposed run ran.
     """
 
     passed: bool
@@ -78,71 +90,89 @@ class ValidationReport:
     layers: list[LayerDiagnostic] = field(default_factory=list)
     world_size: int = 2
     failure: str | None = None
+    culprit: Culprit | None = None
+    adapters: list[AdapterStatus] = field(default_factory=list)
+    not_probed: list[str] = field(default_factory=list)
+    device: str = "cpu"
 
     @property
     def first_uncovered(self) -> str | None:
         """Name of the first module whose per-atom output differs, if any."""
+        if self.culprit is not None:
+            return self.culprit.module
         return next((d.module for d in self.layers if not d.ok), None)
 
     def summary(self) -> str:
-        """A few lines for humans."""
+        """A few lines for humans, naming the spec actually in use."""
         verdict = "PASSED" if self.passed else "FAILED"
         lines = [
-            f"trace_and_validate: {verdict} with {self.spec.name or 'a custom spec'} on "
-            f"{self.world_size} ranks (tolerance {self.tolerance:g})"
+            f"trace_and_validate: {verdict} on {self.world_size} ranks ({self.device}, "
+            f"tolerance {self.tolerance:g})",
+            *("  " + line for line in describe_spec(self.spec).splitlines()),
         ]
+        for status in self.adapters:
+            state = "applied" if status.applied else f"NOT applied ({status.error})"
+            lines.append(f"  adapter {status.adapter}: {state}")
         lines += [f"  {k}: max abs error {v:.3e}" for k, v in self.errors.items()]
-        if self.first_uncovered:
+        c = self.culprit
+        if c is not None:
+            lines.append(f"  first module whose per-atom output differs: {c.module}")
+            if c.stale_input is not None:
+                source = f", produced by {c.producer}" if c.producer else ""
+                lines.append(
+                    f"  it reads stale ghost rows of its input {c.stale_input!r}{source}: "
+                    "refresh them (e.g. neighbor_refresh_adapters on the producing module's "
+                    "class, or refresh_neighbors in the model)"
+                )
+        elif self.first_uncovered:
             lines.append(f"  first module whose per-atom output differs: {self.first_uncovered}")
+        if self.not_probed:
+            if self.not_probed == ["<root>"]:
+                lines.append("  the model is TorchScript: outputs compared, no per-module probe")
+            else:
+                shown = ", ".join(self.not_probed[:3]) + (
+                    ", ..." if len(self.not_probed) > 3 else ""
+                )
+                lines.append(
+                    f"  {len(self.not_probed)} TorchScript submodules not probed (their Python "
+                    f"parents were): {shown}"
+                )
         lines += [f"  fix tried: {f}" for f in self.applied_fixes]
         if self.failure:
-            lines.append(f"  decomposed run failed: {self.failure.splitlines()[-1]}")
+            lines.append(f"  decomposed run failed: {self.failure.strip().splitlines()[-1]}")
+            if _NO_REPORT in self.failure:
+                lines.append(
+                    "  (a rank that exits without reporting was killed, ran out of memory, or "
+                    "re-ran the calling script at import: call trace_and_validate under "
+                    "if __name__ == '__main__':)"
+                )
         return "\n".join(lines)
 
 
-def _record_modules(
-    model: Any, rows: int, store: dict[str, torch.Tensor], n_keep: int
-) -> list[Any]:
-    handles: list[Any] = []
-    named = getattr(model, "named_modules", None)
-    if named is None:
-        return handles
-    for name, module in named():
-        if not name:
-            continue
-
-        def hook(_m: Any, _inp: Any, out: Any, name: str = name) -> None:
-            if isinstance(out, torch.Tensor) and out.ndim >= 1 and out.shape[0] == rows:
-                store[name] = out.detach()[:n_keep].clone()
-
-        handles.append(module.register_forward_hook(hook))
-    return handles
-
-
-def _single(model: Any, batch: Batch) -> dict[str, Any]:
-    store: dict[str, torch.Tensor] = {}
-    handles = _record_modules(model, batch.n_atoms, store, batch.n_atoms)
-    try:
+def _probe_single(model: Any, batch: Batch) -> dict[str, Any]:
+    probe = ModuleProbe(model, lambda: batch.n_atoms)
+    with probe:
         out = model(batch)
-    finally:
-        for h in handles:
-            h.remove()
     return {
-        "outputs": {k: v.detach() for k, v in out.items() if k in _OUTPUTS},
-        "ids": batch.atom_ids,
-        "layers": store,
+        "outputs": {k: v.detach().cpu() for k, v in out.items() if k in _OUTPUTS},
+        "ids": batch.atom_ids.cpu(),
+        "calls": probe.calls,
+        "not_probed": probe.not_probed,
     }
 
 
 def _validate_rank(
-    model: Any, batch: Batch, spec: MLIPSpec, config: DomainConfig
+    model: Any, batch: Batch, spec: MLIPSpec, config: DomainConfig, device: str
 ) -> dict[str, Any]:
-    """Body run on every spawned rank (module level so it can be named)."""
-    import torch.distributed as dist
+    """Body run on every rank: one decomposed forward, probed; results on rank 0.
 
+    **Collective** over the default group.
+    """
     from nvdd.partition import ShardedBatch, SpatialPartitioner
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    if isinstance(model, torch.nn.Module):
+        model.to(device)
     dm = DistributedModel(model, config, spec=spec, count=False)
 
     def factory(b: Batch) -> SpatialPartitioner:
@@ -150,45 +180,42 @@ def _validate_rank(
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny validation systems are often degenerate
-        sharded = ShardedBatch.from_batch(batch if rank == 0 else None, None, factory)
+        source = batch.to(device) if rank == 0 else None
+        sharded = ShardedBatch.from_batch(source, None, factory)
     dm.attach(sharded)
     try:
-        store: dict[str, torch.Tensor] = {}
-        plan = dm.plan
-        handles = _record_modules(model, plan.n_padded, store, plan.n_owned)
-        try:
+        probe = ModuleProbe(model, lambda: dm.plan.n_padded)
+        with probe:
             local, out = dm(sharded.local_batch)
-        finally:
-            for h in handles:
-                h.remove()
         totals = dm.materialize()
-        outputs = {k: v for k, v in {**out, **totals}.items() if k in _OUTPUTS}
-        ids = local.atom_ids
+        merged: dict[str, Any] = {**out, **totals}
+        outputs = {k: v.cpu() for k, v in merged.items() if k in _OUTPUTS}
+        ids = local.atom_ids.cpu()
+        padded_ids = torch.cat([ids, dm.plan.ghost_atom_ids.cpu()])
+        mine = (ids, outputs.get("forces"), RankProbe(padded_ids, dm.plan.n_owned, probe.calls))
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (ids, outputs.get("forces"), store))
+        dist.all_gather_object(gathered, mine)
+        statuses = [replace(s) for s in dm.adapter_statuses]  # before detach resets them
     finally:
         dm.detach()
     if rank != 0:
         return {}
-    all_ids = torch.cat([g[0] for g in gathered])
-    forces = torch.cat([g[1] for g in gathered]) if outputs.get("forces") is not None else None
-    layers = {}
-    for name in gathered[0][2]:
-        if all(name in g[2] for g in gathered):
-            layers[name] = torch.cat([g[2][name] for g in gathered])
     outputs = dict(outputs)
-    if forces is not None:
-        outputs["forces"] = forces
-    return {"outputs": outputs, "ids": all_ids, "layers": layers}
+    if outputs.get("forces") is not None:
+        outputs["forces"] = torch.cat([g[1] for g in gathered])
+    return {
+        "outputs": outputs,
+        "ids": torch.cat([g[0] for g in gathered]),
+        "probes": [g[2] for g in gathered],
+        "adapters": statuses,
+    }
 
 
 def _by_id(ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return x[torch.argsort(ids)]
 
 
-def _compare(
-    ref: dict[str, Any], got: dict[str, Any]
-) -> tuple[dict[str, float], list[LayerDiagnostic]]:
+def _output_errors(ref: dict[str, Any], got: dict[str, Any]) -> dict[str, float]:
     errors = {}
     for k, v in ref["outputs"].items():
         if k not in got["outputs"]:
@@ -197,14 +224,33 @@ def _compare(
         if k == "forces":
             v, g = _by_id(ref["ids"], v), _by_id(got["ids"], g)
         errors[k] = float((v.double() - g.double()).abs().max()) if v.numel() else 0.0
-    layers = []
-    for name, v in ref["layers"].items():
-        g = got["layers"].get(name)
-        if g is None or g.shape != v.shape:
-            continue
-        err = float((_by_id(ref["ids"], v).double() - _by_id(got["ids"], g).double()).abs().max())
-        layers.append(LayerDiagnostic(module=name, max_abs_error=err, ok=True))
-    return errors, layers
+    return errors
+
+
+def _report(
+    spec: MLIPSpec, ref: dict[str, Any], got: dict[str, Any] | None, failure: str | None, tol: float
+) -> ValidationReport:
+    errors: dict[str, float] = {}
+    layers: list[LayerDiagnostic] = []
+    culprit = None
+    adapters: list[AdapterStatus] = []
+    if got is not None:
+        errors = _output_errors(ref, got)
+        calls: dict[str, Call] = ref["calls"]
+        layers, culprit = diagnose(calls, ref["ids"], got["probes"], tol)
+        adapters = got["adapters"]
+    passed = failure is None and bool(errors) and all(e <= tol for e in errors.values())
+    return ValidationReport(
+        passed=passed,
+        spec=spec,
+        errors=errors,
+        tolerance=tol,
+        layers=layers,
+        failure=failure,
+        culprit=culprit if not passed else None,
+        adapters=adapters,
+        not_probed=list(ref["not_probed"]),
+    )
 
 
 def trace_and_validate(
@@ -212,39 +258,88 @@ def trace_and_validate(
     batch: Batch,
     *,
     spec: MLIPSpec | None = None,
-    world_size: int = 2,
+    world_size: int | None = None,
     skin: float = 0.0,
     fix: bool = False,
     tolerance: float | None = None,
     timeout_s: float = 600.0,
+    device: str | torch.device | None = None,
 ) -> ValidationReport:
-    """Infer a distribution spec, validate it on a multi-process CPU run, and
+    """Infer a distribution spec, validate it on a multi-process run, and
     (optionally) auto-fix when validation fails.
 
-    Spawns ``world_size`` CPU ranks over gloo (the model and batch are pickled to
-    them, so the model's class must be importable) and compares energy, forces
-    and stress, and every submodule's per-atom output, with a single-process run
-    by atom id. Use a small, representative batch (tens to hundreds of atoms).
+    Compares energy, forces and stress, and every submodule's per-atom inputs
+    and outputs, between a single-process run and a decomposed one, by atom id.
+    Use a small, representative batch (tens to hundreds of atoms).
+
+    Without a process group, ``world_size`` CPU ranks over gloo are spawned from
+    this process (the model and batch are pickled to them, so the model's class
+    must be importable, and a calling script must make the call under
+    ``if __name__ == "__main__":``). Under an existing process group of two or
+    more ranks (``torchrun``, ``run_ranks``), every rank must call it with the
+    same arguments (**Collective** over the default group); the decomposed run
+    uses those ranks on ``device`` and every rank receives the same report.
 
     Parameters
     ----------
     spec:
         The spec to validate; default ``model.distribution_spec(HALO)``, else the
         first preset that validates (MPNN, LJ, UMA).
+    world_size:
+        Ranks to spawn (default 2); must match the group's size if given under
+        an existing group.
+    skin:
+        Verlet skin of the decomposition.
     fix:
         When the spec fails, try repairs and report the first that passes.
     tolerance:
         Absolute tolerance; default 1e-8 for float64 batches, 1e-4 for float32.
+    timeout_s:
+        Spawned ranks are killed after this long.
+    device:
+        ``"cuda"`` runs the decomposed forward on each rank's GPU (needs an
+        existing NCCL group); default CPU for spawned ranks, the group's device
+        otherwise.
+
+    Raises
+    ------
+    ConfigurationError
+        On bad arguments, a model without a positive ``cutoff``, a CUDA device
+        without a process group, or a top-level call in a script without a
+        ``__main__`` guard (checked before any rank is spawned).
     """
-    if world_size < 2:
-        raise ConfigurationError(f"trace_and_validate needs world_size >= 2, got {world_size}")
-    batch = batch.to("cpu")
+    collective = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if collective:
+        world = dist.get_world_size()
+        if world_size is not None and world_size != world:
+            raise ConfigurationError(
+                f"trace_and_validate(world_size={world_size}) under a process group of {world} "
+                "ranks: leave world_size out (the group's ranks are used)"
+            )
+    else:
+        world = 2 if world_size is None else world_size
+        if world < 2:
+            raise ConfigurationError(f"trace_and_validate needs world_size >= 2, got {world}")
+    dev = resolve_device(device, collective)
     tol = tolerance if tolerance is not None else (1e-8 if batch.dtype == torch.float64 else 1e-4)
     cutoff = float(getattr(model, "cutoff", 0.0))
     if not cutoff > 0:
         raise ConfigurationError(f"{type(model).__name__} has no positive 'cutoff'")
+    if not collective:
+        where = unguarded_caller()
+        if where is not None:
+            raise ConfigurationError(
+                f"trace_and_validate was called at the top level of the script {where} without "
+                'an `if __name__ == "__main__":` guard. It starts CPU ranks that re-import '
+                "the script, so the call would run again in every rank; move it under the "
+                "guard (or into a function called from there). This is not a problem with "
+                "the model's spec."
+            )
     config = DomainConfig(cutoff=cutoff, skin=skin, migration_hysteresis=0.0)
-    ref = _single(model, batch)
+    if isinstance(model, torch.nn.Module):
+        model.to(dev)  # the reference runs where the decomposed run will
+    is_root = not collective or dist.get_rank() == 0
+    ref = _probe_single(model, batch.to(dev)) if is_root else None
 
     candidates: list[tuple[str | None, MLIPSpec]] = []
     inferred = False
@@ -267,8 +362,14 @@ def trace_and_validate(
         i += 1
         if label is not None:
             fixes.append(label)
-        report = _run_candidate(model, batch, candidate, config, ref, tol, world_size, timeout_s)
+        if collective:
+            report = _run_collective(model, batch, candidate, config, ref, tol, dev)
+        else:
+            assert ref is not None
+            report = _run_spawned(model, batch, candidate, config, ref, tol, world, timeout_s)
         report.applied_fixes = list(fixes)
+        report.world_size = world
+        report.device = str(dev)
         if report.passed:
             break
         if fix and not repaired:
@@ -280,7 +381,7 @@ def trace_and_validate(
     return report
 
 
-def _run_candidate(
+def _run_spawned(
     model: Any,
     batch: Batch,
     spec: MLIPSpec,
@@ -290,36 +391,54 @@ def _run_candidate(
     world_size: int,
     timeout_s: float,
 ) -> ValidationReport:
-    failure = None
     try:
         got = spawn_ranks(
-            _validate_rank, world_size, model, batch, spec, config, timeout_s=timeout_s
+            _validate_rank,
+            world_size,
+            model,
+            batch.to("cpu"),
+            spec,
+            config,
+            "cpu",
+            timeout_s=timeout_s,
         )[0]
-        errors, layers = _compare(ref, got)
     except RankFailedError as exc:
-        errors, layers, failure = {}, [], str(exc)
-    passed = failure is None and bool(errors) and all(e <= tol for e in errors.values())
-    layers = [LayerDiagnostic(d.module, d.max_abs_error, d.max_abs_error <= tol) for d in layers]
-    return ValidationReport(
-        passed=passed,
-        spec=spec,
-        errors=errors,
-        tolerance=tol,
-        layers=layers,
-        world_size=world_size,
-        failure=failure,
-    )
+        return _report(spec, ref, None, str(exc), tol)
+    return _report(spec, ref, got, None, tol)
+
+
+def _run_collective(
+    model: Any,
+    batch: Batch,
+    spec: MLIPSpec,
+    config: DomainConfig,
+    ref: dict[str, Any] | None,
+    tol: float,
+    device: torch.device,
+) -> ValidationReport:
+    """Every rank runs the decomposed forward; rank 0 judges; all get its report.
+
+    **Collective** over the default group. An exception on one rank propagates
+    on that rank (the others stop at the group's timeout), as in any collective code.
+    """
+    got = _validate_rank(model, batch, spec, config, str(device))
+    report = _report(spec, ref, got, None, tol) if ref is not None else None
+    result: ValidationReport = broadcast(report)
+    return result
 
 
 def _repairs(model: Any, spec: MLIPSpec, report: ValidationReport) -> list[tuple[str, MLIPSpec]]:
     out: list[tuple[str, MLIPSpec]] = []
-    culprit = report.first_uncovered
+    culprit = report.culprit
+    named = dict(model.named_modules()) if hasattr(model, "named_modules") else {}
     if culprit is not None:
-        module = dict(model.named_modules())[culprit]
-        cls = type(module)
-        adapters = neighbor_refresh_adapters(cls)
-        fixed = spec | MLIPSpec(distribution=DistributionSpec(helpers=adapters))
-        out.append((f"refresh ghost rows after {cls.__qualname__}.forward ({culprit})", fixed))
+        target = culprit.producer.split("[")[0] if culprit.producer else culprit.module
+        module = named.get(target)
+        if module is not None and not isinstance(module, torch.jit.ScriptModule):
+            cls = type(module)
+            adapters = neighbor_refresh_adapters(cls)
+            fixed = spec | MLIPSpec(distribution=DistributionSpec(helpers=adapters))
+            out.append((f"refresh ghost rows after {cls.__qualname__}.forward ({target})", fixed))
     other = (
         ForceStrategy.DIRECT
         if spec.force_strategy is ForceStrategy.AUTOGRAD

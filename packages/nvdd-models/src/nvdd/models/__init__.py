@@ -16,8 +16,12 @@
 - :class:`PipelineModel`: the sum of several models; ``DomainParallel`` runs it
   under one halo, each component by its own spec.
 
+- :class:`MACEModel`: any mace-torch ``MACE`` / ``ScaleShiftMACE`` (the optional
+  ``nvdd-models[mace]`` extra; :func:`load_mace` reads a saved ``.model`` file,
+  :func:`build_mace` builds a random one from a :class:`MACEConfig`).
+
 Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
-its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_EWALD_HALO``,
+its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_MACE_HALO``, ``SPEC_EWALD_HALO``,
 ``SPEC_PME_HALO``, ``SPEC_DFTD3_HALO``) or the ``spec=`` it was built with, and inside a live DD context
 (``nvdd.shardtensor.dd_scope``) ``forward`` runs on one rank's
 ``[owned | ghost]`` rows (owned receivers, owned energies, forces on every row).
@@ -30,6 +34,8 @@ from nvdd.models._dftd3 import DFTD3, D3Config
 from nvdd.models._ewald import Ewald
 from nvdd.models._lj import LennardJones
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig, MixingRule
+from nvdd.models._mace import MACEModel
+from nvdd.models._mace_build import MACEConfig, build_mace, load_mace
 from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
 from nvdd.models._pipeline import PipelineModel
@@ -48,6 +54,8 @@ __all__ = [
     "LJBackend",
     "LJConfig",
     "LennardJones",
+    "MACEConfig",
+    "MACEModel",
     "MPNNConfig",
     "MixingRule",
     "NeighborList",
@@ -57,5 +65,7 @@ __all__ = [
     "ReferenceMPNN",
     "VerletList",
     "assign_charges",
+    "build_mace",
+    "load_mace",
     "__version__",
 ]

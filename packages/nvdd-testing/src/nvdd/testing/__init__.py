@@ -1,6 +1,21 @@
-"""nvdd.testing: repo-internal test helpers (never a runtime dependency)."""
+"""nvdd.testing: test helpers (never a runtime dependency) and the conformance kit.
+
+- :func:`run_ranks`: run a function on N CPU ranks over gloo.
+- The by-id oracle: :func:`assert_close_by_id`, :func:`assert_same_ids`,
+  :func:`gather_by_id`, per-dtype :data:`TOLERANCES`.
+- The conformance kit a model author runs on their own model:
+  :func:`assert_dd_equivalent` (needs ``nvdd-testing[conformance]``, i.e.
+  nvdd-dynamics) and :func:`boundary_variant`.
+"""
 
 from nvdd.testing.__about__ import __version__
+from nvdd.testing._conformance import (
+    CaseResult,
+    ConformanceError,
+    ConformanceReport,
+    DDTolerances,
+    assert_dd_equivalent,
+)
 from nvdd.testing._fake_device import (
     FAKE_DEVICE,
     DeviceMixingError,
@@ -17,19 +32,26 @@ from nvdd.testing._oracle import (
     tolerance_for,
 )
 from nvdd.testing._ranks import RankFailedError, RankTimeoutError, run_ranks
+from nvdd.testing._systems import boundary_variant
 
 __all__ = [
     "FAKE_DEVICE",
     "DeviceMixingError",
     "FakeDeviceTensor",
     "TOLERANCES",
+    "CaseResult",
+    "ConformanceError",
+    "ConformanceReport",
+    "DDTolerances",
     "RankFailedError",
     "RankTimeoutError",
     "Tolerance",
     "__version__",
     "assert_close_by_id",
+    "assert_dd_equivalent",
     "assert_same_ids",
     "fake_accelerator",
+    "boundary_variant",
     "gather_by_id",
     "run_ranks",
     "to_fake",

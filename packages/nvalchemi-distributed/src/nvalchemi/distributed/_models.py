@@ -1,0 +1,115 @@
+"""The models of ``nvdd run``: Lennard-Jones argon, or MACE (a saved mace-torch model
+or a built-in small random one), and the built-in system each runs on."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from nvdd.core import Batch, OptionalDependencyError
+from nvdd.dynamics import KB_EV_PER_K
+
+__all__ = [
+    "AR_EPSILON",
+    "AR_LATTICE",
+    "AR_SIGMA",
+    "SILICA_SPACING",
+    "build_model",
+    "builtin_system",
+]
+
+#: Argon: Lennard-Jones epsilon (eV), sigma (Angstrom), FCC lattice constant (Angstrom).
+AR_EPSILON, AR_SIGMA, AR_LATTICE = 0.0104, 3.40, 5.26
+#: Simple-cubic spacing of the built-in silica-like O/Si box (0.066 atoms/A^3).
+SILICA_SPACING = 2.47
+
+
+def _mace_modules() -> Any:
+    try:
+        import nvdd.models as models
+    except ImportError as exc:
+        raise OptionalDependencyError(
+            "nvdd-models", "nvdd run --model mace", extra="nvdd-models[mace]"
+        ) from exc
+    return models
+
+
+def _demo_mace(dtype: torch.dtype) -> torch.nn.Module:
+    """The built-in model: a small random MACE for O and Si (weights from seed 0)."""
+    models = _mace_modules()
+    config = models.MACEConfig(
+        atomic_numbers=(8, 14),
+        r_max=5.0,
+        hidden_irreps="16x0e+16x1o",
+        max_ell=2,
+        correlation=2,
+        radial_mlp=(16, 16),
+        avg_num_neighbors=35.0,
+        atomic_energies=(-4.9, -5.4),
+        seed=0,
+    )
+    module: torch.nn.Module = models.build_mace(config, dtype=dtype)
+    return module
+
+
+def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    """The model of ``args.model`` on ``device`` in ``dtype``.
+
+    ``lj``: Lennard-Jones with ``args.cutoff`` and ``args.skin``, argon built in
+    and every ``--lj EL:EPS:SIGMA`` of ``args``. ``mace``:
+    ``args.model_file`` loaded as mace-torch does (a trusted file: it is
+    unpickled) or, without a file, the built-in random MACE; its cutoff is the
+    model's ``r_max``.
+    """
+    if getattr(args, "model", "lj") == "mace":
+        models = _mace_modules()
+        path = getattr(args, "model_file", None)
+        mace = models.load_mace(path, map_location=str(device)) if path else _demo_mace(dtype)
+        return models.MACEModel(mace, dtype=dtype, device=device, skin=args.skin)
+    try:
+        from nvdd.models import LennardJones, LJConfig
+    except ImportError as exc:
+        raise OptionalDependencyError(
+            "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]"
+        ) from exc
+    from nvalchemi.distributed._checks import lj_species
+
+    species = {z: (p.epsilon, p.sigma) for z, p in lj_species(args).items()}
+    config = LJConfig(cutoff=args.cutoff, species=species, skin=args.skin)
+    return LennardJones(config).to(device=device, dtype=dtype)
+
+
+def _velocities(batch: Batch, temperature_K: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    masses = batch.masses.double()
+    v = torch.randn(batch.n_atoms, 3, generator=g, dtype=torch.float64)
+    v = v * torch.sqrt(KB_EV_PER_K * temperature_K / masses)[:, None]
+    return (v - v.mean(dim=0)).to(batch.dtype)
+
+
+def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None:
+    """The built-in system of a model that does not run on argon, else None.
+
+    ``mace``: a silica-like periodic box, O and Si (2:1, random) on a jittered
+    simple-cubic lattice of ``args.cells`` sites per edge (``cells**3`` atoms) at
+    the density of amorphous SiO2, with velocities at ``args.temperature``.
+    """
+    if getattr(args, "model", "lj") != "mace":
+        return None
+    g = torch.Generator().manual_seed(args.seed)
+    n = int(args.cells)
+    axes = [torch.arange(n, dtype=torch.float64)] * 3
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    m = grid.shape[0]
+    positions = (grid + 0.5) * SILICA_SPACING + 0.05 * torch.randn(
+        m, 3, generator=g, dtype=torch.float64
+    )
+    batch = Batch(
+        positions=positions,
+        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
+        cell=torch.eye(3, dtype=torch.float64) * n * SILICA_SPACING,
+        pbc=[True, True, True],
+    ).to(dtype=dtype)
+    return batch.replace(velocities=_velocities(batch, args.temperature, args.seed))

@@ -1,0 +1,104 @@
+"""The distribution spec of a MACE model: owned receivers plus one ghost refresh
+before every interaction that reads neighbour features.
+
+Why this is exact (the argument the tests check numerically):
+
+1. Edges exist only for owned receivers (``n_receivers = layout.n_owned``), so
+   every message aggregated in an interaction block lands on an owned row, and an
+   owned row receives the messages of *all* its neighbours (the halo holds every
+   atom within ``cutoff + skin`` of the box). Owned rows of an interaction's output
+   are therefore exact whenever the sender rows it reads are exact.
+2. The first interaction reads ``node_embedding(node_attrs)``: a per-atom
+   function of the species, and ghost species are exchanged with the halo plan.
+   Its sender rows are exact without any exchange.
+3. Interaction ``i >= 1`` reads the previous product block's output, whose ghost
+   rows were computed from incomplete neighbourhoods. Refreshing exactly that
+   tensor (``node_feats``, the input of the interaction) copies the owners'
+   exact rows into the ghosts: sender rows exact again.
+4. Product and readout blocks are per-atom; energies count owned rows only
+   (``system_sum``), so ghost rows of the last product need no refresh.
+
+So an ``L``-interaction MACE needs ``L - 1`` refreshes per forward, and each
+costs one halo exchange forward and one reverse exchange in the backward (the
+adjoint of the refresh folds ghost gradients into their owners): two exchanges
+per interaction at most, and none for the first. Refreshing the output of
+every ``EquivariantProductBasisBlock`` instead (the generic
+``neighbor_refresh_adapters`` fix) is also exact but pays for the last block too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from nvdd.core import ConfigurationError, get_rank
+from nvdd.shardtensor import refresh_neighbors
+from nvdd.spec import (
+    SPEC_MPNN_HALO,
+    DistributionSpec,
+    MethodAdapter,
+    MLIPSpec,
+    ScatterMode,
+    StrategyOptions,
+    distributed_method,
+)
+
+__all__ = ["SPEC_MACE_NAME", "mace_halo_spec", "refresh_interaction_input"]
+
+#: Name of the spec a :class:`~nvdd.models.MACEModel` declares.
+SPEC_MACE_NAME = "SPEC_MACE_HALO"
+
+
+@distributed_method
+def refresh_interaction_input(
+    original: Callable[..., Any], self_: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """MethodAdapter body for a MACE interaction block's ``forward``.
+
+    Refreshes the ghost rows of ``node_feats`` (keyword, or the second positional
+    argument as in mace-torch's signature) before the block reads it, unless the
+    caller says ``first_layer=True`` (MACE's first interaction reads the species
+    embedding, exact on ghost rows). **Collective** under a live DD context (one
+    halo exchange forward, one reverse exchange backward); the original method
+    runs unchanged outside DD.
+    """
+    if kwargs.get("first_layer", False) is True:
+        return original(self_, *args, **kwargs)
+    if "node_feats" in kwargs:
+        kwargs["node_feats"] = refresh_neighbors(kwargs["node_feats"])
+    elif len(args) >= 2 and isinstance(args[1], torch.Tensor):
+        args = (args[0], refresh_neighbors(args[1]), *args[2:])
+    else:
+        raise ConfigurationError(
+            f"rank {get_rank()}: refresh_interaction_input: {type(self_).__name__}.forward was "
+            "called without node_feats (keyword or second positional argument); it cannot "
+            "refresh the neighbour features this interaction reads"
+        )
+    return original(self_, *args, **kwargs)
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def mace_halo_spec(interaction_classes: Iterable[type]) -> MLIPSpec:
+    """The halo spec of a MACE whose interactions ``1..L-1`` have these classes.
+
+    ``SPEC_MPNN_HALO``'s outputs and force strategy (forces by autograd on every
+    padded row, replicated energy, virial and stress as per-rank partials), local
+    scatters (owned receivers) and one :class:`~nvdd.spec.MethodAdapter` per
+    interaction class running :func:`refresh_interaction_input`.
+    """
+    adapters = tuple(
+        MethodAdapter(
+            f"{_class_name(cls)}.forward", refresh_interaction_input, declared_in=SPEC_MACE_NAME
+        )
+        for cls in dict.fromkeys(interaction_classes)
+    )
+    return SPEC_MPNN_HALO | MLIPSpec(
+        name=SPEC_MACE_NAME,
+        distribution=DistributionSpec(helpers=adapters),
+        options=StrategyOptions(scatter=ScatterMode.LOCAL),
+    )

@@ -1,0 +1,106 @@
+"""The boundary variants the conformance kit derives from a model author's batch.
+
+Each variant keeps the atoms, species and ids of the batch and changes only the
+geometry class, so any model that accepts the batch accepts every variant:
+
+==========  =================================================================
+periodic    the batch's cell, periodic on all three axes, positions wrapped
+triclinic   the same periodic crystal described by a skewed cell with lattice
+            vectors a, a + b, b + c (non-orthogonal, off-diagonal cell terms;
+            same volume), positions wrapped into it: the physics is that of
+            ``periodic``, the geometry (partition, halo images) is not
+mixed       periodic on x and y, open on z (a slab; boxes reach -inf / +inf)
+open        open on all axes (a cluster in the shape of the cell)
+given       the batch exactly as passed
+==========  =================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nvdd.core import Batch, ConfigurationError
+
+__all__ = ["KB_EV_PER_K", "SYSTEMS", "boundary_variant", "thermal_velocities", "variants"]
+
+#: The variants :func:`boundary_variant` knows, in the kit's default order.
+SYSTEMS = ("periodic", "triclinic", "mixed", "open")
+_KNOWN = (*SYSTEMS, "given")
+KB_EV_PER_K = 8.617333262e-5
+
+#: Unimodular change of lattice basis of the triclinic variant: ``cell' = _BASIS @ cell``
+#: (rows a, a + b, b + c): the same lattice, hence the same crystal, in a skewed cell.
+_BASIS = ((1.0, 0.0, 0.0), (1.0, 1.0, 0.0), (0.0, 1.0, 1.0))
+_PBC = {
+    "periodic": (True, True, True),
+    "triclinic": (True, True, True),
+    "mixed": (True, True, False),
+    "open": (False, False, False),
+}
+
+
+def _check_cells(batch: Batch, name: str) -> None:
+    volume = torch.linalg.det(batch.cell.double()).abs()
+    if bool((volume < 1e-6).any()):
+        raise ConfigurationError(
+            f"the {name!r} variant needs a cell with a positive volume for every system (cell "
+            f"volumes {volume.tolist()}); give the batch a cell, or use systems=('given',) / "
+            "('open',) for a molecule"
+        )
+
+
+def boundary_variant(batch: Batch, name: str) -> Batch:
+    """``batch`` as the boundary variant ``name`` (see the module docstring).
+
+    Raises
+    ------
+    ConfigurationError
+        For an unknown name, or a variant that needs a cell the batch lacks.
+    """
+    if name not in _KNOWN:
+        raise ConfigurationError(f"unknown system variant {name!r}; known: {list(_KNOWN)}")
+    if name == "given":
+        return batch.clone()
+    _check_cells(batch, name)
+    cell = batch.cell.double()
+    if name == "triclinic":
+        cell = torch.tensor(_BASIS, dtype=torch.float64) @ cell
+    inv = torch.linalg.inv(cell).index_select(0, batch.system_index)
+    frac = torch.bmm(batch.positions.double().unsqueeze(1), inv).squeeze(1)
+    frac = frac - torch.floor(frac)  # wrapped on every axis: inside the cell
+    per_atom = cell.index_select(0, batch.system_index)
+    positions = torch.bmm(frac.unsqueeze(1), per_atom).squeeze(1)
+    pbc = torch.tensor(_PBC[name]).expand(batch.n_systems, 3).clone()
+    return batch.replace(
+        positions=positions.to(batch.dtype), cell=cell.to(batch.dtype), pbc=pbc, validate=True
+    )
+
+
+def thermal_velocities(batch: Batch, temperature_K: float, seed: int = 0) -> torch.Tensor:
+    """Maxwell-Boltzmann velocities (ASE units), zero total momentum per system;
+    drawn in float64 from ``seed`` (the same on every call)."""
+    g = torch.Generator().manual_seed(seed)
+    masses = batch.masses.double().cpu()
+    v = torch.randn(batch.n_atoms, 3, generator=g, dtype=torch.float64)
+    v = v * torch.sqrt(KB_EV_PER_K * temperature_K / masses)[:, None]
+    index = batch.system_index.cpu()
+    momentum = torch.zeros(batch.n_systems, 3, dtype=torch.float64).index_add(
+        0, index, masses[:, None] * v
+    )
+    mass = torch.zeros(batch.n_systems, dtype=torch.float64).index_add(0, index, masses)
+    v = v - (momentum / mass[:, None]).index_select(0, index)
+    return v.to(dtype=batch.dtype, device=batch.device)
+
+
+def variants(batch: Batch, systems: Sequence[str], temperature_K: float) -> list[tuple[str, Batch]]:
+    """Every requested variant, with thermal velocities when the batch has none."""
+    out = []
+    moving = bool(batch.velocities.abs().max() > 0) if batch.n_atoms else False
+    for name in systems:
+        b = boundary_variant(batch, name)
+        if not moving and temperature_K > 0:
+            b = b.replace(velocities=thermal_velocities(b, temperature_K))
+        out.append((name, b))
+    return out
