@@ -41,6 +41,22 @@ mpnn)
   timeout 400 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 29 46 --dtype float32 \
     --steps 30 --warmup 5 --worlds 1 --json "$out/mpnn.json" 2>&1 | quiet
   ;;
+tests)
+  step "GPU tests (-m gpu --require-gpu), every package"
+  timeout 300 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short packages/nvdd-models/tests packages/nvdd-halo/tests packages/nvdd-dynamics/tests \
+    packages/nvdd-padding/tests packages/nvdd-shardtensor/tests packages/nvdd-partition/tests \
+    > "$out/gpu_tests.log" 2>&1; tail -15 "$out/gpu_tests.log"
+  step "NCCL integration suite, 1 rank, fp64 + fp32 (with MACE)"
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
+    integration_tests/multigpu_suite.py --allow-single --dtype both 2>&1 | grep -E "PASS|FAIL|scenarios|Error|error"
+  ;;
+mace)
+  shift 2
+  step "MACE medium: plain vs DomainParallel on 1 GPU $*"
+  timeout 540 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 24 \
+    --doublings 6 --steps 5 --warmup 2 "$@" 2>&1 | quiet
+  ;;
 *)
   step "$phase"
   shift 2
