@@ -253,7 +253,7 @@ def test_no_host_sync_in_a_step_that_rebuilds_nothing(
         model(moved)  # rebuilds it on the device
     assert steady.calls == []
     assert search.n_builds == 2 and search.host_rebuilds == 1
-    _assert_matches(out, _model("torch")(reused), torch.float64)
+    _assert_matches(out, _model("torch").to(device)(reused), torch.float64)
 
 
 def test_no_host_sync_under_a_dd_context_between_topologies() -> None:

@@ -274,3 +274,11 @@ def test_two_exchanges_per_interaction_after_the_first() -> None:
     4 for 3 interactions (6 if the first were refreshed too)."""
     counts = run_ranks(count_exchanges, 2, "mace", "periodic-2", 3, timeout_s=300)
     assert counts == [4, 4]
+
+
+def test_every_tensor_of_the_wrapper_follows_device() -> None:
+    """MACEModel(..., device=d) puts its own buffers (species rows) on d too: a CPU
+    buffer next to CUDA atoms broke the first H200 run (meta stands in for CUDA)."""
+    model = MACEModel(_mace(), device="meta")
+    devices = {t.device.type for t in [*model.parameters(), *model.buffers()]}
+    assert devices == {"meta"}

@@ -19,7 +19,7 @@ A test checks the wrapper against mace-torch's own calculator.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -161,6 +161,8 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         check_positive("skin", skin, allow_zero=True)
         if dtype is not None and dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        numbers = [int(z) for z in cast(Any, mace).atomic_numbers.tolist()]  # read before a move
+        r_max = float(cast(Any, mace).r_max)
         if dtype is not None or device is not None:
             mace = mace.to(dtype=dtype, device=device)
         where = next(mace.parameters()).device
@@ -171,13 +173,11 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
             mace = _to_cueq(mace, where)
             self.uses_cueq = True
         self.mace = mace
-        inner: Any = mace
-        numbers = [int(z) for z in inner.atomic_numbers.tolist()]
-        self.register_buffer("species_rows", species_table(numbers))
+        self.register_buffer("species_rows", species_table(numbers).to(where))
         self.n_species = len(numbers)
         self._heads = [str(h) for h in getattr(mace, "heads", ["Default"])]
         self.head = _head_index(self._heads, head)
-        self._cutoff = float(inner.r_max)
+        self._cutoff = r_max
         self.neighbors = VerletList(self._cutoff, skin)
         self._dd_gate = InputGate()
         self._spec: MLIPSpec | None = None
