@@ -17,6 +17,7 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
+from nvdd.spec import StrategyKind
 from nvdd.testing import assert_same_ids
 
 
@@ -60,14 +61,16 @@ def run_dd(
     every: int = 0,
     integrator: str = "nve",
     temperature_k: float = 60.0,
+    strategy: str = "halo",
 ) -> dict[str, Any]:
     """Run the decomposed dynamics; rank 0 returns the gathered final state."""
     dyn, batch, cutoff = _start(kind, model_name, dt, species, integrator, temperature_k)
+    config = DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid, strategy=StrategyKind(strategy))
     energies: list[float] = []
     ids_ok: list[bool] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # small test systems are often degenerate
-        dp = DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid))
+        dp = DomainParallel(dyn, config)
         with dp:
             if every:
 
@@ -96,6 +99,7 @@ def run_dd(
         "rebuilds": stats.rebuilds,
         "migrated_total": stats.migrated,
         "ids_checks": len(ids_ok),
+        "n_ghost": stats.n_ghost,
         "converged": converged,
         "steps": dyn.step_count,
     }

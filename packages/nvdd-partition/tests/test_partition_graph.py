@@ -115,9 +115,10 @@ def _batch(n: int) -> Batch:
     )
 
 
-def _scatter_body(n: int) -> dict:
+def _scatter_body(n: int, order: str = "id") -> dict:
     rank = dist.get_rank()
-    sharded = IndexShardedBatch.from_batch(_batch(n) if rank == 0 else None, None, src=0)
+    batch = _batch(n) if rank == 0 else None
+    sharded = IndexShardedBatch.from_batch(batch, None, src=0, order=order)
     local = sharded.local_batch
     again = IndexShardedBatch(local)  # the constructor accepts the blocks it made
     return {
@@ -147,6 +148,38 @@ def test_index_sharded_batch_owns_id_ordered_blocks(n: int, world: int) -> None:
     assert_same_ids(gathered.atom_ids, whole.atom_ids)
     assert torch.equal(gathered.positions, whole.positions)
     assert all(o["gather"] is None for r, o in enumerate(out) if r != 1 % world)
+
+
+def test_space_order_makes_compact_blocks() -> None:
+    from nvdd.partition._index_sharded import space_order
+
+    n = 4096
+    g = torch.Generator().manual_seed(0)
+    b = Batch(
+        positions=torch.rand(n, 3, generator=g, dtype=torch.float64) * 30.0,
+        atomic_numbers=torch.ones(n, dtype=torch.int64),
+        cell=torch.eye(3, dtype=torch.float64) * 30.0,
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(n, generator=g),
+    )
+    perm = space_order(b)
+    assert torch.equal(torch.sort(perm).values, torch.arange(n))  # a permutation
+    si = torch.zeros(n, dtype=torch.int64)
+    sizes = {}
+    for name, order in (("space", perm), ("id", torch.argsort(b.atom_ids))):
+        owned = torch.zeros(n, dtype=torch.bool)
+        owned[order[: n // 8]] = True  # the first of 8 blocks
+        sizes[name] = graph_ghosts(b.positions, si, b.cell, b.pbc, owned, 3.0).numel()
+    # a random block reaches almost everything, a Z-order block a shell around it
+    assert sizes["space"] < 0.5 * sizes["id"], sizes
+
+
+@pytest.mark.gloo
+def test_index_sharded_batch_space_order_conserves_every_atom() -> None:
+    out = run_ranks(_scatter_body, 3, 40, "space", timeout_s=60)
+    whole = _batch(40).sort_by_id()
+    assert_same_ids(torch.cat([o["ids"] for o in out]), whole.atom_ids)
+    assert torch.equal(out[0]["all"].positions, whole.positions)
 
 
 def _bad_blocks_body() -> str:

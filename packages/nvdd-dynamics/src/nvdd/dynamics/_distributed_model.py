@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -32,17 +32,23 @@ from nvdd.core import (
     all_reduce,
     comm_device,
     count_collectives,
+    get_rank,
     get_world_size,
     raise_if_any_rank,
 )
+from nvdd.dynamics._compile import CompileMode, compiled_forward, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
 from nvdd.halo import HaloPlan, build_halo_plan
+from nvdd.partition import ShardedBatch
 from nvdd.shardtensor import DDContext, dd_scope
-from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce
+from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
 
 if TYPE_CHECKING:
-    from nvdd.partition import ShardedBatch
+    from nvdd.partition import IndexShardedBatch
+
+    #: The state a distributed model runs on: spatial (halo) or index (graph) blocks.
+    State = ShardedBatch | IndexShardedBatch
 
 __all__ = ["DDStats", "DistributedModel", "DistributedPipelineModel"]
 
@@ -63,6 +69,14 @@ class DDStats:
         Rows of the current plan.
     last_collectives:
         ``torch.distributed`` calls made by the last forward, by name.
+    compile_mode:
+        ``"off"``, ``"core"`` (the model compiles its own padded regions) or
+        ``"whole"`` (``torch.compile`` of the whole forward).
+    compiles:
+        Graphs ``torch._dynamo`` compiled during this model's forward calls (first
+        compiles and recompiles); constant once the shapes have settled.
+    last_compile_call:
+        The call (1-based) during which the last graph was compiled (0: none).
     seconds:
         Accumulated wall time per phase: ``check``, ``migrate``, ``plan``,
         ``exchange`` (ghost positions), ``model``, ``fold``, ``reduce``.
@@ -74,6 +88,9 @@ class DDStats:
     n_owned: int = 0
     n_ghost: int = 0
     last_collectives: Counter[str] = field(default_factory=Counter)
+    compile_mode: str = "off"
+    compiles: int = 0
+    last_compile_call: int = 0
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("check", "migrate", "plan", "exchange", "model", "fold", "reduce"), 0.0
@@ -111,7 +128,18 @@ class DistributedModel:
     sync_timings:
         Synchronise CUDA before reading phase timers (exact per-phase times for
         benchmarks, slower steps).
+
+    Raises
+    ------
+    ConfigurationError
+        When ``config.strategy`` is not this class's :attr:`strategy`
+        (``StrategyKind.HALO``; :class:`GraphPartitionModel` runs
+        ``GRAPH_PARTITION``), or the spec's ``distribution.storage`` differs from
+        ``config.strategy`` (a spec for one strategy never runs under the other).
     """
+
+    #: The strategy this class runs.
+    strategy: ClassVar[StrategyKind] = StrategyKind.HALO
 
     def __init__(
         self,
@@ -131,6 +159,7 @@ class DistributedModel:
             raise ConfigurationError(
                 f"{type(model).__name__}.distribution_spec returned {self.spec!r}, not an MLIPSpec"
             )
+        _check_strategy(type(self), config.strategy, self.spec)
         cutoff = float(getattr(model, "cutoff", config.cutoff))
         if cutoff > config.cutoff + 1e-12:
             raise ConfigurationError(
@@ -141,8 +170,9 @@ class DistributedModel:
         self.count = count
         self._timer = _Timer(self.stats, sync_timings)
         self._registry = AdapterRegistry(self.spec.adapters())
-        self.forward_fn = _compiled(model, self.spec, config)
-        self._sharded: ShardedBatch | None = None
+        self.forward_fn, mode = compiled_forward(model, self.spec, config.compile, get_rank())
+        self.stats.compile_mode = mode.value
+        self._sharded: State | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
@@ -167,13 +197,13 @@ class DistributedModel:
         return self._plan
 
     @property
-    def sharded(self) -> ShardedBatch:
+    def sharded(self) -> State:
         """The sharded batch this model runs on (after :meth:`attach`)."""
         if self._sharded is None:
             raise ConfigurationError("DistributedModel: call attach(sharded_batch) first")
         return self._sharded
 
-    def attach(self, sharded: ShardedBatch) -> None:
+    def attach(self, sharded: State) -> None:
         """Start running on ``sharded``: install the spec's adapters, build the plan.
 
         **Collective** over the sharded batch's group.
@@ -196,7 +226,10 @@ class DistributedModel:
             raise
 
     def detach(self) -> None:
-        """Restore the adapters and call the model's ``distributed_teardown``."""
+        """Restore the adapters and call the model's ``distributed_teardown`` (and
+        ``compile_forward(None)`` when the model compiled its own core)."""
+        if self.stats.compile_mode == CompileMode.CORE.value:
+            self.model.compile_forward(None)
         try:
             teardown = getattr(self.model, "distributed_teardown", None)
             if teardown is not None and self._sharded is not None:
@@ -236,7 +269,12 @@ class DistributedModel:
             self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
             t0 = time.perf_counter()
         local = sharded.local_batch
+        compiling = self.stats.compile_mode != CompileMode.OFF.value
+        graphs = compiled_graphs() if compiling else 0
         outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
+        if compiling and compiled_graphs() != graphs:
+            self.stats.compiles += compiled_graphs() - graphs
+            self.stats.last_compile_call = self.stats.calls
         return local, outputs
 
     def _skin_used_up(self, batch: Batch) -> bool:
@@ -273,6 +311,11 @@ class DistributedModel:
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
+        if not isinstance(sharded, ShardedBatch):
+            raise ConfigurationError(
+                f"{type(self).__name__} (StrategyKind.HALO) runs on a ShardedBatch, got "
+                f"{type(sharded).__name__}"
+            )
         t0 = time.perf_counter()
         if migrate:
             stats = sharded.migrate(self.config.hysteresis)
@@ -287,6 +330,17 @@ class DistributedModel:
             local.system_index,
             part.domain_cell(local.cell),
         )
+        self._install(local, plan, torch.zeros_like(local.pbc))  # ghosts are explicit images
+        self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
+        self._timer("plan", t0)
+
+    def _install(self, local: Batch, plan: HaloPlan, pbc: torch.Tensor) -> None:
+        """Make ``plan`` current: the padded batch's fields that do not move (one
+        packed exchange), the Verlet reference positions, a new topology version.
+
+        **Collective** over the plan's group. ``pbc``: the padded batch's
+        boundaries (open under the halo, the real ones under graph partition).
+        """
         # Fields the model reads at neighbours but that do not move: exchanged once.
         extras = [f for f in self.spec.distribution.sharded_fields if f in local.atom_extras]
         ghosts = plan.forward_many(
@@ -303,7 +357,7 @@ class DistributedModel:
             system_index=torch.cat([local.system_index, plan.ghost_system_index.to(local.device)]),
             atom_ids=torch.cat([local.atom_ids, plan.ghost_atom_ids.to(local.device)]),
             cell=local.cell,
-            pbc=torch.zeros_like(local.pbc),
+            pbc=pbc,
             energy=torch.zeros_like(local.energy),
             stress=torch.zeros_like(local.stress),
             atom_extras={
@@ -316,8 +370,6 @@ class DistributedModel:
         self._ref_positions = local.positions.detach().clone()
         self._version += 1
         self.stats.rebuilds += 1
-        self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
-        self._timer("plan", t0)
 
     def _context(self, plan: HaloPlan, positions: torch.Tensor | None) -> DDContext:
         return DDContext(
@@ -450,6 +502,25 @@ class DistributedPipelineModel(DistributedModel):
         return finals  # type: ignore[return-value]
 
 
+def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:
+    """Raise :class:`ConfigurationError` unless ``cls``, ``strategy`` and ``spec`` agree."""
+    runs: StrategyKind = getattr(cls, "strategy", StrategyKind.HALO)
+    if strategy is not runs:
+        other = "GraphPartitionModel" if runs is StrategyKind.HALO else "DistributedModel"
+        raise ConfigurationError(
+            f"{cls.__name__} runs {runs}, but DomainConfig.strategy is {strategy}: use "
+            f"{other} (DomainParallel picks the right one)"
+        )
+    storage = spec.distribution.storage
+    if storage is not strategy:
+        raise ConfigurationError(
+            f"the spec {spec.name or '(unnamed)'} declares storage {storage} but "
+            f"DomainConfig.strategy is {strategy}: a spec written for one strategy does not run "
+            "under the other; ask the model for distribution_spec(config.strategy) or set the "
+            "strategy the spec was written for"
+        )
+
+
 def _folds_forces(spec: MLIPSpec) -> bool:
     """Whether ghost-row forces are folded into their owners under ``spec``.
 
@@ -489,27 +560,6 @@ def _device_problem(model: Any, device: torch.device) -> str | None:
                 f"move the model with model.to({str(device)!r}) before DomainParallel"
             )
     return None
-
-
-def _compiled(model: Any, spec: MLIPSpec, config: DomainConfig) -> Any:
-    """``model`` itself, or ``torch.compile(model)`` when the config or spec asks.
-
-    Row counts change only at halo rebuilds, so the compiled forward uses dynamic
-    shapes (unless the spec's policy says otherwise) instead of recompiling at
-    every rebuild. Padding rows to grow-only capacities (``pad_shapes``) is not
-    applied under the halo strategy: ghost layouts would need padded ranks of
-    their own (see docs/design.md).
-    """
-    policy = spec.compile
-    if not (config.compile or policy.enabled):
-        return model
-    return torch.compile(
-        model,
-        backend=policy.backend,
-        mode=policy.mode,
-        fullgraph=policy.fullgraph,
-        dynamic=True if policy.dynamic is None else policy.dynamic,
-    )
 
 
 class _Sum:

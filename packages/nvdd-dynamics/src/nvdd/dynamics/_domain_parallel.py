@@ -19,8 +19,9 @@ from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
-from nvdd.partition import BalanceMode, ShardedBatch, SpatialPartitioner
+from nvdd.partition import BalanceMode, IndexShardedBatch, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
 
 if TYPE_CHECKING:
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 __all__ = ["DomainParallel"]
 
 _TOTALS = ("energy", "stress", "virial")
+
+
+def _graph(config: DomainConfig) -> bool:
+    return config.strategy is StrategyKind.GRAPH_PARTITION
 
 
 def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
@@ -47,7 +52,9 @@ def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
 
 
 class DomainParallel:
-    """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition.
+    """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition (or,
+    with ``DomainConfig(strategy=StrategyKind.GRAPH_PARTITION)``, a node partition
+    by index for models that build their own neighbour list).
 
     The inner integrator and its model are unchanged: the integrator sees its
     owned atoms only, forces come from a :class:`DistributedModel`, global sums
@@ -102,11 +109,6 @@ class DomainParallel:
             )
         if not isinstance(config, DomainConfig):
             raise ConfigurationError(f"config must be a DomainConfig, got {type(config).__name__}")
-        if config.strategy is not StrategyKind.HALO:
-            raise ConfigurationError(
-                f"DomainParallel runs StrategyKind.HALO; {config.strategy} is not supported yet "
-                "(see docs/design.md, 'Graph partition')"
-            )
         if not dist.is_initialized():
             device = dynamics.batch.device if isinstance(dynamics.batch, Batch) else None
             init_distributed(backend=backend, device=device, timeout_s=timeout_s)
@@ -118,10 +120,11 @@ class DomainParallel:
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
-        self.model = DistributedModel(
+        runtime = GraphPartitionModel if _graph(config) else DistributedModel
+        self.model = runtime(
             dynamics.model, config, spec=spec, sync_timings=sync_timings, count=count_collectives
         )
-        self._sharded: ShardedBatch | None = None
+        self._sharded: ShardedBatch | IndexShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
             dynamics.reducer,
@@ -130,8 +133,9 @@ class DomainParallel:
 
     # ------------------------------------------------------------ set-up
     @property
-    def sharded(self) -> ShardedBatch:
-        """The partitioned state (after :meth:`partition`)."""
+    def sharded(self) -> ShardedBatch | IndexShardedBatch:
+        """The partitioned state (after :meth:`partition`): spatial blocks under
+        ``StrategyKind.HALO``, index blocks under ``GRAPH_PARTITION``."""
         if self._sharded is None:
             raise ConfigurationError("DomainParallel: call partition(batch) first")
         return self._sharded
@@ -141,7 +145,7 @@ class DomainParallel:
         """Counters and timings of the distributed model."""
         return self.model.stats
 
-    def partition(self, batch: Batch | None = None) -> ShardedBatch:
+    def partition(self, batch: Batch | None = None) -> ShardedBatch | IndexShardedBatch:
         """Scatter the system from ``src`` and build the first halo plan.
 
         **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
@@ -166,7 +170,11 @@ class DomainParallel:
         source = None
         if self.rank == self.src:
             source = batch if batch is not None else self.dynamics.batch
-        sharded = ShardedBatch.from_batch(source, self.group, factory, src=self.src)
+        sharded: ShardedBatch | IndexShardedBatch
+        if _graph(cfg):  # a node partition by index: nothing spatial, nothing migrates
+            sharded = IndexShardedBatch.from_batch(source, self.group, src=self.src, order="space")
+        else:
+            sharded = ShardedBatch.from_batch(source, self.group, factory, src=self.src)
         self.model.attach(sharded)
         self._sharded = sharded
         dyn = self.dynamics

@@ -48,10 +48,12 @@ def _request_problem(
     n = int(owner_rank.shape[0])
     if int(owner_row.shape[0]) != n:
         return f"owner_row has {int(owner_row.shape[0])} rows, owner_rank {n}"
-    for name, t in extras.items():
-        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (n,)):
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            return f"{name} must have shape ({n},), got {shape}"
+    for name, extra in extras.items():
+        if extra is not None and (
+            not isinstance(extra, torch.Tensor) or tuple(extra.shape) != (n,)
+        ):
+            got = tuple(extra.shape) if isinstance(extra, torch.Tensor) else type(extra).__name__
+            return f"{name} must have shape ({n},), got {got}"
     if isinstance(n_owned, bool) or not isinstance(n_owned, int) or n_owned < 0:
         return f"n_owned must be an int >= 0, got {n_owned!r}"
     if n == 0:
@@ -108,7 +110,7 @@ def build_request_plan(
     -------
     HaloPlan
         Ghost row ``k`` is request ``k``; ``ghost_image`` is zero (ghost positions
-        are the owners' positions unchanged).
+        are the owners' positions unchanged) and ``explicit_images`` is False.
     """
     world, rank = get_world_size(group), get_rank(group)
     extras = {"atom_ids": atom_ids, "system_index": system_index}
@@ -167,4 +169,5 @@ def build_request_plan(
         ghost_system_index=systems.to(dev, torch.int64),
         n_systems=n_systems,
         sync_checks=sync_checks,
+        explicit_images=False,
     )

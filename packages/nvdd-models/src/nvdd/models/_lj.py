@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from nvdd.core import Batch, ModelOutputs
+from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope
 from nvdd.models._lj_config import ForceMode, LJConfig
 from nvdd.models._neighbors import EdgeList
@@ -30,12 +31,17 @@ from nvdd.models._reduce import system_energy, system_outer_sum
 from nvdd.models._stress import stress_from_virial
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import Scope
-from nvdd.spec import SPEC_LJ_HALO
+from nvdd.spec import SPEC_LJ_HALO, CompilePolicy, DistributionSpec, MLIPSpec, StrategyKind
 
 __all__ = ["LennardJones"]
 
 #: ``Scope.LOCAL``: the energy of ``SPEC_LJ_HALO`` is a per-rank partial.
 _ENERGY_SCOPE: Scope = energy_scope(SPEC_LJ_HALO)
+#: The graph-partition spec: the same outputs and forces, index-block storage.
+SPEC_LJ_GRAPH = SPEC_LJ_HALO | MLIPSpec(
+    name="SPEC_LJ_HALO | graph partition",
+    distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
+)
 
 
 class LennardJones(HaloModelMixin, torch.nn.Module):
@@ -62,7 +68,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
     atom energies exact on owned rows. Either force mode fits this spec: in
     ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
-    positions and still returns ``forces``.
+    positions and still returns ``forces``. ``StrategyKind.GRAPH_PARTITION``
+    returns the same spec with index-block storage: rows are this rank's atoms
+    plus those within reach, with the real cell and pbc.
 
     Examples
     --------
@@ -71,6 +79,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     """
 
     _halo_preset = SPEC_LJ_HALO
+    _graph_preset = SPEC_LJ_GRAPH
     epsilon_table: torch.Tensor
     sigma_table: torch.Tensor
     shift_table: torch.Tensor
@@ -90,6 +99,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         self.register_buffer("shift_table", shift)
         self.neighbors = VerletList(config.cutoff, config.skin)
         self._dd_gate = InputGate()
+        self._core: CompiledCore | None = None
 
     @property
     def config(self) -> LJConfig:
@@ -153,6 +163,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         Differentiable in ``positions`` and ``cell``; shape ``(n_atoms,)``.
         ``rows`` are the species rows of the atoms, int64 ``(n_atoms,)``.
         """
+        if self._core is not None:
+            t = self._core.inputs(positions, rows, system_index, edges, self._dd_gate.generation)
+            energies: torch.Tensor = self._core.fn("energies", lj_energies)(self, *t.tensors(cell))
+            return energies[: t.n_atoms]
         r_vec = edges.vectors(positions, cell, system_index)
         phi, _ = self.pair_terms(
             r_vec, rows.index_select(0, edges.receivers), rows.index_select(0, edges.senders)
@@ -212,6 +226,13 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         with torch.no_grad():
             return self._direct(batch, rows, edges, n_receivers, compute_stress)
 
+    def compile_forward(self, policy: CompilePolicy | None) -> bool:
+        """Compile the pair kernel under ``policy`` (see ``BaseModelMixin.compile_forward``):
+        one collective-free region (edge vectors, pair terms, scatters, virial in the
+        direct mode; per-atom energies in the autograd mode). ``None``: back to eager."""
+        self._core = None if policy is None else CompiledCore(policy, "lj")
+        return self._core is not None
+
     def _direct(
         self,
         batch: Batch,
@@ -221,6 +242,8 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         compute_stress: bool,
     ) -> ModelOutputs:
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
+        if self._core is not None:
+            return self._compiled_direct(self._core, batch, rows, edges, n_counted, compute_stress)
         r_vec = edges.vectors(pos, cell, si)
         i, j = edges.receivers, edges.senders
         phi, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
@@ -235,6 +258,33 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         if compute_stress:
             # -d(phi/2)/d strain of an edge is half (x) r_vec
             virial = system_outer_sum(half, r_vec, si.index_select(0, i), batch.n_systems)
+            out["virial"] = virial
+            out["stress"] = stress_from_virial(virial, cell)
+        return out
+
+    def _compiled_direct(
+        self,
+        core: CompiledCore,
+        batch: Batch,
+        rows: torch.Tensor,
+        edges: EdgeList,
+        n_counted: int | None,
+        compute_stress: bool,
+    ) -> ModelOutputs:
+        """:meth:`_direct` through the compiled region (same values). **Collective**
+        under a live DD context at a new halo topology (the capacities' all-reduce)."""
+        pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
+        t = core.inputs(pos, rows, si, edges, self._dd_gate.generation)
+        atom_e, forces, virial = core.fn("direct", lj_direct)(
+            self, batch.n_systems, *t.tensors(cell)
+        )
+        atom_energies = atom_e[: t.n_atoms]
+        out: ModelOutputs = {
+            "energy": system_energy(atom_energies, si, batch.n_systems, n_counted, _ENERGY_SCOPE),
+            "forces": forces[: t.n_atoms],
+            "atom_energies": atom_energies,
+        }
+        if compute_stress:
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, cell)
         return out

@@ -1,17 +1,18 @@
 """`IndexShardedBatch`: the atoms of a `Batch` split by index (graph partition).
 
-Atoms are numbered by their position in atom-id order (the *global index*);
-rank ``r`` owns the contiguous block :meth:`IndexPartitioner.bounds` ``(r)`` and
-holds those rows in that order, so local row ``k`` is global index
-``start + k``. Ownership never changes (nothing migrates): an atom belongs to
-its rank however far it moves, which is what lets a model that builds its own
-neighbour list see a fixed node partition of the graph.
+The atoms are put in one order at the scatter (atom-id order, or a space-filling
+curve for locality) and numbered along it: the *global index*. Rank ``r`` owns
+the contiguous block :meth:`IndexPartitioner.bounds` ``(r)`` and holds those rows
+in that order, so local row ``k`` is global index ``start + k``. Ownership never
+changes (nothing migrates): an atom belongs to its rank however far it moves,
+which is what gives a model that builds its own neighbour list a fixed node
+partition of the graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["IndexShardedBatch"]
+__all__ = ["ORDERS", "IndexShardedBatch", "space_order"]
 
 
 @dataclass(frozen=True)
@@ -48,21 +49,69 @@ class _Header:
     device_type: str = "cpu"
 
 
+#: The orders :meth:`IndexShardedBatch.from_batch` numbers atoms in.
+ORDERS = ("id", "space")
+_MORTON_BITS = 10  # per axis: 1024 cells along each axis of a system
+
+
+def _spread_bits(v: torch.Tensor) -> torch.Tensor:
+    """Insert two zero bits between the low 10 bits of ``v`` (int64)."""
+    v = v & 0x3FF
+    v = (v | (v << 16)) & 0x030000FF
+    v = (v | (v << 8)) & 0x0300F00F
+    v = (v | (v << 4)) & 0x030C30C3
+    return (v | (v << 2)) & 0x09249249
+
+
+def space_order(batch: Batch) -> torch.Tensor:
+    """A permutation of ``batch``'s atoms along a Z-order (Morton) curve, per system.
+
+    Fractional coordinates of each system's domain cell (wrapped on periodic
+    axes, scaled to the atoms' extent on open ones) are cut into ``2**10`` cells
+    per axis and their bits interleaved; ties keep atom-id order. Contiguous
+    index blocks of the result are compact regions, so a block's neighbours are
+    few (a good node partition for short-range graphs).
+    """
+    from nvdd.partition._geometry import build_domain_cell
+
+    pos = batch.positions.detach().to("cpu", torch.float64)
+    si = batch.system_index.cpu()
+    key = torch.zeros(batch.n_atoms, dtype=torch.int64)
+    for s in range(batch.n_systems):
+        rows = (si == s).nonzero().flatten()
+        if rows.numel() == 0:
+            continue
+        periodic = batch.pbc[s].cpu()
+        dom, _ = build_domain_cell(batch.cell[s], periodic, pos[rows])
+        frac = pos[rows] @ torch.linalg.inv(dom)
+        frac = torch.where(periodic, frac - torch.floor(frac), frac)
+        lo = torch.where(periodic, torch.zeros(3, dtype=torch.float64), frac.min(dim=0).values)
+        hi = torch.where(periodic, torch.ones(3, dtype=torch.float64), frac.max(dim=0).values)
+        cells = ((frac - lo) / (hi - lo).clamp_min(1e-300) * (1 << _MORTON_BITS)).long()
+        cells = cells.clamp(0, (1 << _MORTON_BITS) - 1)
+        code = _spread_bits(cells[:, 0]) | (_spread_bits(cells[:, 1]) << 1)
+        key[rows] = (code | (_spread_bits(cells[:, 2]) << 2)) + (s << (3 * _MORTON_BITS))
+    by_id = torch.argsort(batch.atom_ids.cpu())
+    return by_id[torch.argsort(key[by_id], stable=True)].to(batch.device)
+
+
 def _src_rows(
-    batch: Batch | None, world: int, src: int
+    batch: Batch | None, world: int, src: int, order: str
 ) -> tuple[_Header, dict[str, torch.Tensor], torch.Tensor | None]:
-    """Validate on ``src``; the header, the rows in id order and their destinations."""
+    """Validate on ``src``; the header, the rows in global order and their destinations."""
     try:
         if not isinstance(batch, Batch):
             raise ValidationError(f"from_batch needs a Batch on src, got {type(batch).__name__}")
         batch.validate()
-        order = torch.argsort(batch.atom_ids)
+        if order not in ORDERS:
+            raise ConfigurationError(f"order must be one of {ORDERS}, got {order!r}")
+        perm = torch.argsort(batch.atom_ids) if order == "id" else space_order(batch)
         part = IndexPartitioner(batch.n_atoms, world)
         dest = part.owner_of(torch.arange(batch.n_atoms, device=batch.device))
     except (ConfigurationError, ValidationError) as exc:
         name = type(exc).__name__
         return _Header(error=(name, f"rank {src}: {exc}")), {}, None
-    fields = {k: v.index_select(0, order) for k, v in batch.atom_fields().items()}
+    fields = {k: v.index_select(0, perm) for k, v in batch.atom_fields().items()}
     header = _Header(
         error=None,
         n_atoms=batch.n_atoms,
@@ -78,14 +127,15 @@ class IndexShardedBatch:
     """A :class:`~nvdd.core.Batch` split over a 1-D mesh by global index.
 
     Build it with :meth:`from_batch` (scatter from one rank). Each rank holds the
-    atoms of its :class:`IndexPartitioner` block, in atom-id order, and a copy of
-    every system field; it is the state owner of the graph-partition strategy
-    (the integrator reads and writes :attr:`local_batch`).
+    atoms of its :class:`IndexPartitioner` block and a copy of every system field;
+    it is the state owner of the graph-partition strategy (the integrator reads
+    and writes :attr:`local_batch`).
 
     Parameters
     ----------
     local_batch:
-        This rank's block, in increasing atom id.
+        This rank's block, in global-index order (rows keep their order: local
+        row ``k`` is global index ``bounds[0] + k``).
     mesh:
         A 1-D DeviceMesh, a ProcessGroup, or None (the default group).
 
@@ -93,8 +143,8 @@ class IndexShardedBatch:
     -----
     The constructor is **Collective** over the mesh's group (one all-reduce of the
     block sizes and a failure flag): every rank's block must be the size the
-    :class:`IndexPartitioner` of the total gives it, with ids increasing, or
-    every rank raises :class:`~nvdd.core.ValidationError`.
+    :class:`IndexPartitioner` of the total gives it, or every rank raises
+    :class:`~nvdd.core.ValidationError`.
     """
 
     __slots__ = ("_group", "_local", "_mesh", "_partitioner")
@@ -108,9 +158,6 @@ class IndexShardedBatch:
             problem = f"local_batch must be a Batch, got {type(local_batch).__name__}"
         else:
             n = local_batch.n_atoms
-            ids = local_batch.atom_ids
-            if n > 1 and bool((ids[1:] <= ids[:-1]).any()):
-                problem = "the local atom ids must be strictly increasing (global index order)"
         counts = torch.zeros(world + 1, dtype=torch.int64)
         counts[rank] = n
         counts[world] = int(problem is not None)
@@ -125,7 +172,7 @@ class IndexShardedBatch:
                 f"rank {rank}: block sizes {got} are not the balanced split {want} of "
                 f"{part.n_items} atoms over {world} ranks (IndexPartitioner)"
             )
-        self._setup(cast(Batch, local_batch), part, group, dmesh)
+        self._setup(local_batch, part, group, dmesh)
 
     def _setup(
         self,
@@ -146,6 +193,7 @@ class IndexShardedBatch:
         mesh: DeviceMesh | ProcessGroup | None = None,
         src: int = 0,
         *,
+        order: str = "id",
         device: torch.device | str | None = None,
     ) -> IndexShardedBatch:
         """Scatter ``batch`` from rank ``src``: every rank receives its index block.
@@ -164,14 +212,19 @@ class IndexShardedBatch:
             A 1-D DeviceMesh, a ProcessGroup, or None (the default group).
         src:
             The rank (in the mesh's group) holding the batch.
+        order:
+            How atoms are numbered before the split: ``"id"`` (atom-id order) or
+            ``"space"`` (a Z-order curve per system, :func:`space_order`: compact
+            blocks, few ghost rows; what ``DomainParallel`` uses).
         device:
             Where the local batches live; default: ``src``'s device type (a CUDA
             batch lands on each rank's current CUDA device).
 
         Raises
         ------
-        ValidationError
-            On every rank together, when ``src``'s batch is malformed.
+        ValidationError, ConfigurationError
+            On every rank together, when ``src``'s batch is malformed or
+            ``order`` is unknown.
         """
         group, dmesh = resolve_group(mesh)
         world, rank = get_world_size(group), get_rank(group)
@@ -181,7 +234,7 @@ class IndexShardedBatch:
         fields: dict[str, torch.Tensor] = {}
         dest: torch.Tensor | None = None
         if rank == src:
-            header, fields, dest = _src_rows(batch, world, src)
+            header, fields, dest = _src_rows(batch, world, src, order)
         header = broadcast_object(header, src, group)
         if not isinstance(header, _Header):  # pragma: no cover - defensive
             raise ValidationError(f"rank {rank}: no header arrived from rank {src}")

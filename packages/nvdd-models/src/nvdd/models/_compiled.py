@@ -1,0 +1,276 @@
+"""The models' shape-stable compiled core (``BaseModelMixin.compile_forward``).
+
+A model's ``forward`` stays eager around its compiled tensor code:
+
+- eager: input checks, the neighbour search, every DD verb (``refresh_neighbors``
+  between layers, ``system_sum`` of the energy), the autograd call;
+- compiled (:meth:`CompiledCore.fn`, the runtime's :class:`~nvdd.spec.CompilePolicy`):
+  collective-free tensor functions of the padded atoms and edges.
+
+With ``policy.pad_shapes`` the atoms and edges are padded by an
+:class:`~nvdd.padding.COOPadder` (padding atoms far away, padded edges between
+two padding atoms, masked to zero). Capacities only grow, with headroom, and
+are **agreed by every rank** of the DD group at each new halo topology (the
+first call after a plan rebuild, which every rank makes together; one
+all-reduce); between rebuilds a rank whose edge count outgrows its capacity
+grows it alone (no collective on a step that rebuilds nothing), and the next
+topology levels every rank to the maximum. The compiled regions therefore see
+the same shapes step after step and compile once per capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.functional import silu
+
+from nvdd.models._neighbors import EdgeList
+from nvdd.models._radial import radial_features
+from nvdd.models._reduce import system_outer_sum
+from nvdd.padding import COOGraph, COOPadder
+from nvdd.shardtensor import current_dd_context
+from nvdd.spec import CompilePolicy
+
+__all__ = [
+    "CompiledCore",
+    "CoreInputs",
+    "edge_vectors",
+    "lj_direct",
+    "lj_energies",
+    "lj_pair",
+    "mpnn_embed",
+    "mpnn_layer",
+    "mpnn_readout",
+]
+
+
+@dataclass(frozen=True)
+class CoreInputs:
+    """The tensors a compiled core takes (padded to capacities, or as given).
+
+    Attributes
+    ----------
+    positions:
+        Shape ``(atom_cap, 3)``; rows ``[0, n_atoms)`` are the real ones.
+    rows, system_index:
+        int64, shape ``(atom_cap,)``: species rows and systems (0 on padding).
+    receivers, senders:
+        int64, shape ``(edge_cap,)``.
+    shifts:
+        int64, shape ``(edge_cap, 3)``: image shifts (0 on padded edges).
+    edge_mask:
+        bool, shape ``(edge_cap,)``: True on real edges.
+    n_atoms:
+        The real atom count (host int: for the eager code around the core only).
+    """
+
+    positions: torch.Tensor
+    rows: torch.Tensor
+    system_index: torch.Tensor
+    receivers: torch.Tensor
+    senders: torch.Tensor
+    shifts: torch.Tensor
+    edge_mask: torch.Tensor
+    n_atoms: int
+
+    def tensors(self, cell: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(positions, cell, rows, system_index, receivers, senders, shifts,
+        edge_mask)``: the arguments of the compiled regions (tensors only, so
+        the real counts never reach compiled code)."""
+        return (
+            self.positions,
+            cell,
+            self.rows,
+            self.system_index,
+            self.receivers,
+            self.senders,
+            self.shifts,
+            self.edge_mask,
+        )
+
+
+class CompiledCore:
+    """Compiled functions and padding of one model, under one policy.
+
+    Parameters
+    ----------
+    policy:
+        The runtime's :class:`~nvdd.spec.CompilePolicy`.
+    name:
+        Prefix of the padder's capacity keys (``"<name>.atoms"``, ``"<name>.edges"``).
+    """
+
+    def __init__(self, policy: CompilePolicy, name: str) -> None:
+        self.policy = policy
+        self.padder: COOPadder | None = None
+        if policy.pad_shapes:
+            self.padder = COOPadder(name=name, check_indices=False)
+        self._functions: dict[str, Callable[..., Any]] = {}
+        self._agreed_generation: int | None = None
+
+    def fn(self, key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` compiled under the policy (once per key)."""
+        compiled = self._functions.get(key)
+        if compiled is None:
+            compiled = self.policy.compile(function, padded=self.padder is not None)
+            self._functions[key] = compiled
+        return compiled
+
+    def inputs(
+        self,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: EdgeList,
+        generation: int,
+    ) -> CoreInputs:
+        """Pad (when the policy says so) the inputs of one forward.
+
+        **Collective** over the live DD context's group on the first call of a
+        new topology (``generation``: the model's input-gate generation, which
+        every rank advances at the same call): one all-reduce agrees on the
+        capacities. Local otherwise.
+        """
+        n = int(positions.shape[0])
+        ones = torch.ones(edges.n_edges, dtype=torch.bool, device=positions.device)
+        if self.padder is None:
+            return CoreInputs(
+                positions, rows, system_index, edges.receivers, edges.senders, edges.shifts, ones, n
+            )
+        ctx = current_dd_context()
+        group: Any = None
+        if ctx.is_distributed and generation != self._agreed_generation:
+            group = ctx.group if ctx.group is not None else dist.group.WORLD
+            self._agreed_generation = generation
+        graph = COOGraph(
+            edge_index=torch.stack([edges.receivers, edges.senders]),
+            n_atoms=n,
+            atom_fields={"positions": positions, "rows": rows, "system_index": system_index},
+            edge_fields={"shifts": edges.shifts},
+        )
+        p = self.padder.pad(graph, group=group)
+        return CoreInputs(
+            p.atom_fields["positions"],
+            p.atom_fields["rows"],
+            p.atom_fields["system_index"],
+            p.edge_index[0],
+            p.edge_index[1],
+            p.edge_fields["shifts"],
+            p.edge_mask,
+            n,
+        )
+
+    @property
+    def capacities(self) -> dict[str, int]:
+        """The padder's current capacities by key (empty without padding)."""
+        return {} if self.padder is None else self.padder.registry.snapshot()
+
+
+def edge_vectors(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    system_index: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+    shifts: torch.Tensor,
+) -> torch.Tensor:
+    """``x[j] - x[i] + S @ cell[system of i]`` of every (padded) edge, ``(edge_cap, 3)``.
+
+    Pure tensor code, traced inside the compiled cores (the same arithmetic as
+    :meth:`EdgeList.vectors`).
+    """
+    r = positions.index_select(0, senders) - positions.index_select(0, receivers)
+    s = shifts.to(cell.dtype)
+    if cell.shape[0] == 1:
+        return r + s @ cell[0]
+    cells = cell.index_select(0, system_index.index_select(0, receivers))
+    return r + torch.bmm(s.unsqueeze(1), cells).squeeze(1)
+
+
+# --------------------------------------------------------- the MPNN's regions
+def mpnn_embed(
+    model: Any,
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    rows: torch.Tensor,
+    system_index: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+    shifts: torch.Tensor,
+    edge_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Radial features ``(edge_cap, K)`` (exactly zero on padded edges, placed at
+    the cutoff) and the embedded features ``(atom_cap, F)``."""
+    c = model.config
+    r_vec = edge_vectors(positions, cell, system_index, receivers, senders, shifts)
+    r = torch.sqrt((r_vec * r_vec).sum(dim=1))
+    r = torch.where(edge_mask, r, torch.full_like(r, c.cutoff))
+    radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
+    return radial, model.embedding.index_select(0, rows)
+
+
+def mpnn_layer(
+    layer: Any,
+    h: torch.Tensor,
+    radial: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+) -> torch.Tensor:
+    """One message-passing layer updating every row (ghost rows are refreshed
+    afterwards, padding rows are never read by a real row)."""
+    weights = layer.filter_out(silu(layer.filter_in(radial)))
+    messages = weights * layer.sender(h).index_select(0, senders)
+    aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
+    update: torch.Tensor = layer.update_out(silu(layer.update_in(torch.cat([h, aggregated], 1))))
+    return h + update
+
+
+def mpnn_readout(model: Any, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Per-row energies ``(atom_cap,)``: the readout plus the species offset."""
+    e: torch.Tensor = model.readout_out(silu(model.readout_in(h))).squeeze(1)
+    offset: torch.Tensor = model.species_energy.index_select(0, rows)
+    return e + offset
+
+
+# ----------------------------------------------------------- LJ's regions
+def lj_pair(
+    model: Any,
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    rows: torch.Tensor,
+    system_index: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+    shifts: torch.Tensor,
+    edge_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Edge vectors and the masked pair terms ``phi``, ``g`` (zero on padded edges)."""
+    r_vec = edge_vectors(positions, cell, system_index, receivers, senders, shifts)
+    phi, g = model.pair_terms(r_vec, rows.index_select(0, receivers), rows.index_select(0, senders))
+    zero = torch.zeros_like(phi)
+    return r_vec, torch.where(edge_mask, phi, zero), torch.where(edge_mask, g, zero)
+
+
+def lj_energies(model: Any, *args: torch.Tensor) -> torch.Tensor:
+    """Per-row energies ``1/2 sum_j phi(r_ij)``, ``(atom_cap,)`` (args as :func:`lj_pair`)."""
+    _, phi, _ = lj_pair(model, *args)
+    positions, receivers = args[0], args[4]
+    return torch.zeros_like(positions[:, 0]).index_add(0, receivers, 0.5 * phi)
+
+
+def lj_direct(
+    model: Any, n_systems: int, *args: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Atom energies ``(atom_cap,)``, direct forces ``(atom_cap, 3)`` and the virial
+    ``(n_systems, 3, 3)`` (args as :func:`lj_pair`)."""
+    r_vec, phi, g = lj_pair(model, *args)
+    positions, system_index, receivers, senders = args[0], args[3], args[4], args[5]
+    atom_energies = torch.zeros_like(positions[:, 0]).index_add(0, receivers, 0.5 * phi)
+    half = (0.5 * g).unsqueeze(1) * r_vec
+    forces = torch.zeros_like(positions).index_add(0, senders, half).index_add(0, receivers, -half)
+    edge_system = system_index.index_select(0, receivers)
+    return atom_energies, forces, system_outer_sum(half, r_vec, edge_system, n_systems)
