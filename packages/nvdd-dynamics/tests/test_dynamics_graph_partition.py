@@ -102,3 +102,13 @@ def test_graph_partition_equals_the_unsharded_model_by_id(world: int, kw: dict) 
     assert_close_by_id(
         got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
     )
+
+
+def test_each_rank_compiles_into_its_own_cache_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvdd.dynamics._compile import use_rank_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/nvdd-cache-test")
+    assert use_rank_cache_dir(3) == "/tmp/nvdd-cache-test/rank3"
+    assert use_rank_cache_dir(3) == "/tmp/nvdd-cache-test/rank3"  # idempotent
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert use_rank_cache_dir(0).endswith("rank0")

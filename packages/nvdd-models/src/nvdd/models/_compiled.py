@@ -20,6 +20,8 @@ the same shapes step after step and compile once per capacity.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +95,23 @@ class CoreInputs:
         )
 
 
+def _quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` without the warning Dynamo raises while it wraps a non-leaf input
+    (it reads ``.grad`` of the strained positions when it compiles)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_NON_LEAF_GRAD, category=UserWarning)
+            return fn(*args)
+
+    return call
+
+
+#: The start of torch's warning about ``.grad`` of a non-leaf tensor.
+_NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor"
+
+
 class CompiledCore:
     """Compiled functions and padding of one model, under one policy.
 
@@ -116,7 +135,7 @@ class CompiledCore:
         """``function`` compiled under the policy (once per key)."""
         compiled = self._functions.get(key)
         if compiled is None:
-            compiled = self.policy.compile(function, padded=self.padder is not None)
+            compiled = _quiet(self.policy.compile(function, padded=self.padder is not None))
             self._functions[key] = compiled
         return compiled
 
