@@ -56,7 +56,9 @@ def test_compiled_core_equals_the_eager_model(kind: str, mode: str, policy: dict
         assert caps[f"{kind}.atoms"] >= batch.n_atoms + 2 and caps[f"{kind}.edges"] > 0
     else:
         assert caps == {}
+    assert not any(p.requires_grad for p in compiled.parameters())  # forces need no weight grads
     assert compiled.compile_forward(None) is False and compiled._core is None
+    assert all(p.requires_grad for p in compiled.parameters())  # given back
     out = compiled(batch)  # eager again
     torch.testing.assert_close(out["forces"], eager(batch)["forces"], rtol=0, atol=0)
 

@@ -33,7 +33,7 @@ from torch.nn.functional import silu
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._reduce import system_outer_sum
-from nvdd.padding import COOGraph, COOPadder
+from nvdd.padding import COOGraph, COOPadder, resolve_cap
 from nvdd.shardtensor import current_dd_context
 from nvdd.spec import CompilePolicy
 
@@ -66,6 +66,14 @@ class CoreInputs:
         int64, shape ``(edge_cap, 3)``: image shifts (0 on padded edges).
     edge_mask:
         bool, shape ``(edge_cap,)``: True on real edges.
+    owned_receivers:
+        int64, shape ``(edge_cap,)``: ``receivers`` with padded edges sent to row 0
+        (for scatters into the first ``owned_cap`` rows; their messages are zero).
+    owned:
+        int64, shape ``(owned_cap,)``: the species rows of the first ``owned_cap``
+        rows, the rows a layer updates (every receiver is among them; under DD
+        ``owned_cap >= n_owned`` is a capacity of its own, so the slice a
+        compiled region takes is fixed while ``n_owned`` drifts).
     n_atoms:
         The real atom count (host int: for the eager code around the core only).
     """
@@ -77,6 +85,8 @@ class CoreInputs:
     senders: torch.Tensor
     shifts: torch.Tensor
     edge_mask: torch.Tensor
+    owned_receivers: torch.Tensor
+    owned: torch.Tensor
     n_atoms: int
 
     def tensors(self, cell: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -121,15 +131,28 @@ class CompiledCore:
         The runtime's :class:`~nvdd.spec.CompilePolicy`.
     name:
         Prefix of the padder's capacity keys (``"<name>.atoms"``, ``"<name>.edges"``).
+    module:
+        The model: while the core exists its parameters do not require grad (MD
+        differentiates by positions only; a compiled backward would otherwise
+        compute every weight gradient too). :meth:`release` restores them.
     """
 
-    def __init__(self, policy: CompilePolicy, name: str) -> None:
+    def __init__(self, policy: CompilePolicy, name: str, module: torch.nn.Module) -> None:
+        self._frozen = [p for p in module.parameters() if p.requires_grad]
+        for p in self._frozen:
+            p.requires_grad_(False)
         self.policy = policy
         self.padder: COOPadder | None = None
         if policy.pad_shapes:
             self.padder = COOPadder(name=name, check_indices=False)
         self._functions: dict[str, Callable[..., Any]] = {}
         self._agreed_generation: int | None = None
+
+    def release(self) -> None:
+        """Give the parameters their ``requires_grad`` back."""
+        for p in self._frozen:
+            p.requires_grad_(True)
+        self._frozen = []
 
     def fn(self, key: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function`` compiled under the policy (once per key)."""
@@ -146,19 +169,33 @@ class CompiledCore:
         system_index: torch.Tensor,
         edges: EdgeList,
         generation: int,
+        n_owned: int | None = None,
     ) -> CoreInputs:
         """Pad (when the policy says so) the inputs of one forward.
 
+        ``n_owned``: the rows that receive edges, under DD (default: every row;
+        then ``owned`` is every padded row and no third capacity is kept).
+
         **Collective** over the live DD context's group on the first call of a
         new topology (``generation``: the model's input-gate generation, which
-        every rank advances at the same call): one all-reduce agrees on the
-        capacities. Local otherwise.
+        every rank advances at the same call): one all-reduce agrees on the atom
+        and edge capacities, one more on the owned rows' when ``n_owned`` is
+        given. Local otherwise.
         """
         n = int(positions.shape[0])
-        ones = torch.ones(edges.n_edges, dtype=torch.bool, device=positions.device)
         if self.padder is None:
+            ones = torch.ones(edges.n_edges, dtype=torch.bool, device=positions.device)
             return CoreInputs(
-                positions, rows, system_index, edges.receivers, edges.senders, edges.shifts, ones, n
+                positions,
+                rows,
+                system_index,
+                edges.receivers,
+                edges.senders,
+                edges.shifts,
+                ones,
+                edges.receivers,
+                rows if n_owned is None else rows[:n_owned],
+                n,
             )
         ctx = current_dd_context()
         group: Any = None
@@ -172,14 +209,21 @@ class CompiledCore:
             edge_fields={"shifts": edges.shifts},
         )
         p = self.padder.pad(graph, group=group)
+        padded_rows = p.atom_fields["rows"]
+        owned_cap = p.atom_cap
+        if n_owned is not None:
+            key = f"{self.padder.name}.owned"
+            owned_cap = resolve_cap(key, n_owned, group=group, registry=self.padder.registry)
         return CoreInputs(
             p.atom_fields["positions"],
-            p.atom_fields["rows"],
+            padded_rows,
             p.atom_fields["system_index"],
             p.edge_index[0],
             p.edge_index[1],
             p.edge_fields["shifts"],
             p.edge_mask,
+            p.edge_index[0].masked_fill(~p.edge_mask, 0),
+            padded_rows[: min(owned_cap, p.atom_cap)],
             n,
         )
 
@@ -238,20 +282,28 @@ def mpnn_layer(
     radial: torch.Tensor,
     receivers: torch.Tensor,
     senders: torch.Tensor,
+    edge_mask: torch.Tensor,
+    owned: torch.Tensor,
 ) -> torch.Tensor:
-    """One message-passing layer updating every row (ghost rows are refreshed
-    afterwards, padding rows are never read by a real row)."""
+    """One message-passing layer: rows ``[0, len(owned))`` (every receiver among
+    them) updated, the others kept (ghost rows are refreshed afterwards, padding
+    rows are never read by a real row). ``receivers`` must be the owned-row
+    receivers of :attr:`CoreInputs.owned_receivers` (padded edges: row 0, with
+    exact zeros)."""
+    n_update = owned.shape[0]
     weights = layer.filter_out(silu(layer.filter_in(radial)))
     messages = weights * layer.sender(h).index_select(0, senders)
-    aggregated = torch.zeros_like(h).index_add_(0, receivers, messages)
-    update: torch.Tensor = layer.update_out(silu(layer.update_in(torch.cat([h, aggregated], 1))))
-    return h + update
+    messages = torch.where(edge_mask.unsqueeze(1), messages, torch.zeros_like(messages))
+    own = h[:n_update]
+    aggregated = torch.zeros_like(own).index_add_(0, receivers, messages)
+    update = layer.update_out(silu(layer.update_in(torch.cat([own, aggregated], 1))))
+    return torch.cat([own + update, h[n_update:]])
 
 
-def mpnn_readout(model: Any, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Per-row energies ``(atom_cap,)``: the readout plus the species offset."""
-    e: torch.Tensor = model.readout_out(silu(model.readout_in(h))).squeeze(1)
-    offset: torch.Tensor = model.species_energy.index_select(0, rows)
+def mpnn_readout(model: Any, h: torch.Tensor, owned: torch.Tensor) -> torch.Tensor:
+    """Energies of rows ``[0, len(owned))``: the readout plus the species offset."""
+    e: torch.Tensor = model.readout_out(silu(model.readout_in(h[: owned.shape[0]]))).squeeze(1)
+    offset: torch.Tensor = model.species_energy.index_select(0, owned)
     return e + offset
 
 

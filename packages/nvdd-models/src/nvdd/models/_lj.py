@@ -230,7 +230,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         """Compile the pair kernel under ``policy`` (see ``BaseModelMixin.compile_forward``):
         one collective-free region (edge vectors, pair terms, scatters, virial in the
         direct mode; per-atom energies in the autograd mode). ``None``: back to eager."""
-        self._core = None if policy is None else CompiledCore(policy, "lj")
+        if self._core is not None:
+            self._core.release()
+        self._core = None if policy is None else CompiledCore(policy, "lj", self)
         return self._core is not None
 
     def _direct(

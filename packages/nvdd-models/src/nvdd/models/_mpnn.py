@@ -304,15 +304,19 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
 
         Three compiled regions, all collective-free: the embedding and radial
-        features, one layer (updating every row; under DD the ghost rows are then
-        refreshed, eagerly, between layers) and the readout. ``None`` returns to
-        the eager model. Returns False (the runtime compiles the whole forward
+        features, one layer (updating the first ``owned_cap`` rows, a capacity
+        of the owned count; under DD the ghost rows are then refreshed, eagerly,
+        between layers) and the readout. While compiled, the parameters do not
+        require grad (forces need none; restored by ``None``, which returns to
+        the eager model). Returns False (the runtime compiles the whole forward
         instead) when the preset's scatter mode is not ``ScatterMode.LOCAL``.
         """
-        if policy is None or self._halo_preset.options.scatter is not ScatterMode.LOCAL:
+        if self._core is not None:
+            self._core.release()
             self._core = None
+        if policy is None or self._halo_preset.options.scatter is not ScatterMode.LOCAL:
             return False
-        self._core = CompiledCore(policy, "mpnn")
+        self._core = CompiledCore(policy, "mpnn", self)
         return True
 
     def _compiled_atom_energies(
@@ -330,18 +334,22 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         refresh per layer but the last), plus one all-reduce of the padding
         capacities at a new halo topology.
         """
-        t = core.inputs(positions, rows, system_index, edges, self._dd_gate.generation)
+        n, n_update = int(positions.shape[0]), self._owned_rows()
+        gen = self._dd_gate.generation
+        t = core.inputs(positions, rows, system_index, edges, gen, n_update)
         radial, h = core.fn("embed", mpnn_embed)(self, *t.tensors(cell))
-        n, n_update = t.n_atoms, self._owned_rows()
         last = len(self.layers) - 1
         for k, layer in enumerate(self.layers):
-            h = core.fn("layer", mpnn_layer)(layer, h, radial, t.receivers, t.senders)
+            h = core.fn("layer", mpnn_layer)(
+                layer, h, radial, t.owned_receivers, t.senders, t.edge_mask, t.owned
+            )
             if k < last and n_update is not None and n_update < n:
                 h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
-        energies: torch.Tensor = core.fn("readout", mpnn_readout)(self, h, t.rows)[:n]
-        if n_update is not None and n_update < n:  # ghost rows: their species offset only
-            ghost = self.species_energy.index_select(0, rows[n_update:])
-            energies = torch.cat([energies[:n_update], ghost])
+        owned = n if n_update is None else n_update
+        energies: torch.Tensor = core.fn("readout", mpnn_readout)(self, h, t.owned)[:owned]
+        if owned < n:  # ghost rows: their species offset only
+            ghost = self.species_energy.index_select(0, rows[owned:])
+            energies = torch.cat([energies, ghost])
         return energies
 
     def _owned_rows(self) -> int | None:
