@@ -107,7 +107,7 @@ def ranks(args: dict[str, Any]) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dps = {name: _setup(args, device, flag) for name, flag in runs.items()}
-        for name, (dp, model) in dps.items():
+        for name, (dp, _model) in dps.items():
             warm_s = _timed(dp, args["warmup"], device)
             out[name] = {
                 "warmup_s": warm_s,
