@@ -136,28 +136,28 @@ class GraphPartitionModel(DistributedModel):
         group, counts = sharded.group, sharded.owned_counts
         t0 = time.perf_counter()
         local = sharded.local_batch
-        if self._all_ids is None or self._all_systems is None:
+        dev = local.device
+        if self._all_ids is None or self._all_systems is None:  # fixed: nothing migrates
             static = torch.stack([local.atom_ids, local.system_index], dim=1)
             both = replicate_rows(static, counts, group)
-            self._all_ids, self._all_systems = both[:, 0].cpu(), both[:, 1].cpu()
+            self._all_ids, self._all_systems = both[:, 0], both[:, 1]
         positions = replicate_rows(local.positions.detach(), counts, group)
         start, stop = sharded.bounds
-        owned = torch.zeros(sharded.n_atoms, dtype=torch.bool)
+        owned = torch.zeros(sharded.n_atoms, dtype=torch.bool, device=dev)
         owned[start:stop] = True
         ghosts = graph_ghosts(
             positions, self._all_systems, local.cell, local.pbc, owned, self.ghost_width
         )
         part = sharded.partitioner
         owner = part.owner_of(ghosts)
-        offsets = torch.tensor(part.offsets(), dtype=torch.int64)
-        dev = local.device
+        offsets = torch.tensor(part.offsets(), dtype=torch.int64, device=dev)
         plan = build_request_plan(
-            owner.to(dev),
-            (ghosts - offsets[owner]).to(dev),
+            owner,
+            ghosts - offsets[owner],
             local.n_atoms,
             group=group,
-            atom_ids=self._all_ids[ghosts].to(dev),
-            system_index=self._all_systems[ghosts].to(dev),
+            atom_ids=self._all_ids[ghosts],
+            system_index=self._all_systems[ghosts],
             n_systems=local.n_systems,
         )
         self._install(local, plan, local.pbc)

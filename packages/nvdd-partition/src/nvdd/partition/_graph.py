@@ -40,15 +40,18 @@ def _bins(
     frac: torch.Tensor, periodic: torch.Tensor, spacing: torch.Tensor, radius: float
 ) -> tuple[torch.Tensor, list[int]]:
     """Bin coordinates ``(n, 3)`` int64 and bins per axis (each >= ``radius`` wide)."""
-    lo = torch.where(periodic, torch.zeros(3, dtype=frac.dtype), frac.min(dim=0).values)
-    hi = torch.where(periodic, torch.ones(3, dtype=frac.dtype), frac.max(dim=0).values)
+    dev = frac.device
+    zero = torch.zeros(3, dtype=frac.dtype, device=dev)
+    lo = torch.where(periodic, zero, frac.min(dim=0).values)
+    hi = torch.where(periodic, zero + 1.0, frac.max(dim=0).values)
     width = (hi - lo).clamp_min(1e-300)
-    counts = [max(1, int(float(w * d) // radius)) for w, d in zip(width, spacing, strict=True)]
+    extent = (width.cpu() * spacing).tolist()  # one host read of three numbers
+    counts = [max(1, int(e // radius)) for e in extent]
     n_atoms = int(frac.shape[0])
     while counts[0] * counts[1] * counts[2] > max(64, _MAX_BINS_PER_ATOM * n_atoms):
         a = max(range(3), key=lambda k: counts[k])
         counts[a] = max(1, counts[a] // 2)
-    n = torch.tensor(counts, dtype=torch.int64)
+    n = torch.tensor(counts, dtype=torch.int64, device=dev)
     coord = torch.floor((frac - lo) / width * n.to(frac.dtype)).to(torch.int64)
     return torch.minimum(coord.clamp_min(0), n - 1), counts
 
@@ -58,20 +61,24 @@ def _neighbour_bins(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Linear ids ``(n, k)`` of the distinct bins around each coordinate and their validity.
 
+    ``periodic``: bool ``(3,)`` on the CPU (read on the host).
+
     Along a periodic axis with fewer than three bins the offsets ``-1`` and
     ``+1`` name the same bins as ``0`` and each other, so they are not repeated.
     """
+    dev = coord.device
     axes = []
     for a in range(3):
         if bool(periodic[a]) and counts[a] < 3:
-            axes.append(torch.arange(counts[a]))  # (0,) or (0, 1): every bin once
+            axes.append(torch.arange(counts[a], device=dev))  # (0,) or (0, 1): each bin once
         else:
-            axes.append(torch.arange(-1, 2))
+            axes.append(torch.arange(-1, 2, device=dev))
     offsets = torch.cartesian_prod(*axes).reshape(-1, 3)
     nb = coord[:, None, :] + offsets[None, :, :]
-    n = torch.tensor(counts, dtype=torch.int64)
-    valid = torch.where(periodic, torch.ones_like(nb, dtype=torch.bool), (nb >= 0) & (nb < n))
-    nb = torch.where(periodic, torch.remainder(nb, n), torch.minimum(nb.clamp_min(0), n - 1))
+    n = torch.tensor(counts, dtype=torch.int64, device=dev)
+    per = periodic.to(dev)
+    valid = torch.where(per, torch.ones_like(nb, dtype=torch.bool), (nb >= 0) & (nb < n))
+    nb = torch.where(per, torch.remainder(nb, n), torch.minimum(nb.clamp_min(0), n - 1))
     linear = (nb[..., 0] * counts[1] + nb[..., 1]) * counts[2] + nb[..., 2]
     return linear, valid.all(dim=2)
 
@@ -112,37 +119,37 @@ def _exact(
     ``d - round(d)`` is the nearest image along each periodic axis at least three
     bins (``3 radius``) wide; along thinner ones every shift in ``images`` is tried.
     """
+    dev = frac.device
     own_rows = owned.nonzero().flatten()
     order = torch.argsort(linear[own_rows], stable=True)
     sorted_rows = own_rows[order]
     per_bin = torch.bincount(linear[own_rows], minlength=n_bins)
-    start = torch.zeros(n_bins + 1, dtype=torch.int64)
+    start = torch.zeros(n_bins + 1, dtype=torch.int64, device=dev)
     start[1:] = torch.cumsum(per_bin, 0)
     length = torch.where(nb_valid, per_bin[nb], 0)
     r2 = radius * radius * (1.0 + _MARGIN)
-    hit = torch.zeros(int(cand.numel()), dtype=torch.bool)
+    hit = torch.zeros(int(cand.numel()), dtype=torch.bool, device=dev)
+    chunk = torch.tensor(_PAIR_CHUNK, device=dev)
     per_cand = length.sum(dim=1) * int(images.shape[0])
     k = int(nb.shape[1])
     first = 0
     while first < int(cand.numel()):
         # as many candidates as fit in one chunk of pairs (at least one)
         csum = torch.cumsum(per_cand[first:], 0)
-        last = first + max(1, int(torch.searchsorted(csum, torch.tensor(_PAIR_CHUNK), right=True)))
+        last = first + max(1, int(torch.searchsorted(csum, chunk, right=True)))
         seg_len = length[first:last].reshape(-1)
         seg_start = start[nb[first:last].reshape(-1)]
-        seg = torch.repeat_interleave(torch.arange(int(seg_len.numel())), seg_len)
+        seg = torch.repeat_interleave(torch.arange(int(seg_len.numel()), device=dev), seg_len)
         offset = torch.cumsum(seg_len, 0) - seg_len
-        within = torch.arange(int(seg.numel())) - offset[seg]
+        within = torch.arange(int(seg.numel()), device=dev) - offset[seg]
         other = sorted_rows[seg_start[seg] + within]
         local = torch.div(seg, k, rounding_mode="floor")
         d = frac[cand[first + local]] - frac[other]
         d = torch.where(periodic, d - torch.round(d), d)
         cart = (d[:, None, :] + images[None, :, :]) @ dom
         close = ((cart * cart).sum(dim=2) <= r2).any(dim=1)
-        hit[first:last] |= (
-            torch.zeros(last - first, dtype=torch.long).index_add_(0, local, close.to(torch.long))
-            > 0
-        )
+        hits = torch.zeros(last - first, dtype=torch.long, device=dev)
+        hit[first:last] |= hits.index_add_(0, local, close.to(torch.long)) > 0
         first = last
     return hit
 
@@ -165,7 +172,7 @@ def graph_ghosts(
     ----------
     positions:
         Shape ``(n_atoms, 3)``, any float dtype (the search runs in float64 on
-        the CPU).
+        the positions' device; the cell geometry is CPU metadata).
     system_index:
         int64, shape ``(n_atoms,)``.
     cell:
@@ -181,7 +188,7 @@ def graph_ghosts(
     Returns
     -------
     torch.Tensor
-        int64, sorted, on the CPU: every non-owned atom within ``radius`` of some
+        int64, sorted, on the positions' device: every non-owned atom within ``radius`` of some
         owned atom (distances up to ``radius`` times ``1 + 5e-13`` included, so
         rounding never drops a pair at the radius).
 
@@ -202,34 +209,36 @@ def graph_ghosts(
         )
     if not radius > 0.0:
         raise ValidationError(f"radius must be > 0, got {radius!r}")
-    pos = positions.detach().to("cpu", torch.float64)
+    pos = positions.detach().to(torch.float64)
+    dev = pos.device
     if not bool(torch.isfinite(pos).all()):
         raise ValidationError("graph_ghosts: positions are not finite")
-    si, own = system_index.cpu(), owned.cpu()
+    si, own = system_index.to(dev), owned.to(dev)
     found: list[torch.Tensor] = []
     for s in torch.unique(si[own]).tolist():
         rows = (si == s).nonzero().flatten()
         mine = own[rows]
         if bool(mine.all()):
             continue
-        periodic = pbc[s].cpu().to(torch.bool)
-        dom, _ = build_domain_cell(cell[s], periodic, pos[rows])
-        frac = pos[rows] @ torch.linalg.inv(dom)
+        periodic_cpu = pbc[s].cpu().to(torch.bool)
+        dom_cpu, _ = build_domain_cell(cell[s], periodic_cpu, pos[rows])  # CPU metadata
+        spacing = interplanar_spacings(dom_cpu[None])[0]
+        dom, periodic = dom_cpu.to(dev), periodic_cpu.to(dev)
+        frac = pos[rows] @ torch.linalg.inv(dom_cpu).to(dev)
         frac = torch.where(periodic, frac - torch.floor(frac), frac)
-        spacing = interplanar_spacings(dom[None])[0]
         coord, counts = _bins(frac, periodic, spacing, radius)
         linear = (coord[:, 0] * counts[1] + coord[:, 1]) * counts[2] + coord[:, 2]
         n_bins = counts[0] * counts[1] * counts[2]
-        near = torch.zeros(n_bins, dtype=torch.bool)
-        nb_own, ok_own = _neighbour_bins(coord[mine], counts, periodic)
+        near = torch.zeros(n_bins, dtype=torch.bool, device=dev)
+        nb_own, ok_own = _neighbour_bins(coord[mine], counts, periodic_cpu)
         near[nb_own[ok_own]] = True
         cand = (~mine & near[linear]).nonzero().flatten()
         if cand.numel() == 0:
             continue
-        nb, ok = _neighbour_bins(coord[cand], counts, periodic)
-        images = _images(periodic, counts, spacing, radius)
-        cand = cand[_exact(frac, dom, periodic, linear, mine, cand, nb, ok, n_bins, images, radius)]
-        found.append(rows[cand])
+        nb, ok = _neighbour_bins(coord[cand], counts, periodic_cpu)
+        images = _images(periodic_cpu, counts, spacing, radius).to(dev)
+        hit = _exact(frac, dom, periodic, linear, mine, cand, nb, ok, n_bins, images, radius)
+        found.append(rows[cand[hit]])
     if not found:
-        return torch.zeros(0, dtype=torch.int64)
+        return torch.zeros(0, dtype=torch.int64, device=dev)
     return torch.sort(torch.cat(found)).values
