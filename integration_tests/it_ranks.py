@@ -17,7 +17,7 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
-from nvdd.spec import StrategyKind
+from nvdd.spec import CompilePolicy, MLIPSpec, StrategyKind
 from nvdd.testing import assert_same_ids
 
 
@@ -138,15 +138,19 @@ def single(
     }
 
 
-def lj_steady_state() -> dict[str, Any]:
-    """Collectives of LJ steps that rebuild nothing (after a warm-up)."""
+def lj_steady_state(strategy: str = "halo", compiled: bool = False) -> dict[str, Any]:
+    """Collectives of LJ steps that rebuild nothing (after a warm-up); ``compiled``:
+    the model's compiled core (backend aot_eager)."""
     model, cutoff = model_for("lj")
+    kind = StrategyKind(strategy)
+    spec = model.distribution_spec(kind) | MLIPSpec(
+        compile=CompilePolicy(enabled=compiled, backend="aot_eager")
+    )
     dyn = VelocityVerlet(model, crystal("periodic", temperature_k=20.0), dt_fs=1.0)
+    config = DomainConfig(cutoff=cutoff, skin=1.0, strategy=kind, compile=compiled)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with DomainParallel(
-            dyn, DomainConfig(cutoff=cutoff, skin=1.0), count_collectives=True
-        ) as dp:
+        with DomainParallel(dyn, config, spec=spec, count_collectives=True) as dp:
             dp.partition()
             dp.run(3)
             seen = []
