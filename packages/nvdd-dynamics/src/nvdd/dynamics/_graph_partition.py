@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from nvdd.core import Batch, ConfigurationError, all_to_all_single, comm_device
+from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DistributedModel
 from nvdd.halo import build_request_plan
 from nvdd.partition import IndexShardedBatch, graph_ghosts
-from nvdd.spec import StrategyKind
+from nvdd.spec import MLIPSpec, StrategyKind
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -104,8 +105,16 @@ class GraphPartitionModel(DistributedModel):
 
     strategy: ClassVar[StrategyKind] = StrategyKind.GRAPH_PARTITION
 
-    def __init__(self, model: Any, config: Any, **kwargs: Any) -> None:
-        super().__init__(model, config, **kwargs)
+    def __init__(
+        self,
+        model: Any,
+        config: DomainConfig,
+        *,
+        spec: MLIPSpec | None = None,
+        count: bool = False,
+        sync_timings: bool = False,
+    ) -> None:
+        super().__init__(model, config, spec=spec, count=count, sync_timings=sync_timings)
         self._all_ids: torch.Tensor | None = None
         self._all_systems: torch.Tensor | None = None
 
