@@ -9,7 +9,8 @@ A model's ``forward`` stays eager around its compiled tensor code:
 
 With ``policy.pad_shapes`` the atoms and edges are padded by an
 :class:`~nvdd.padding.COOPadder` (padding atoms far away, padded edges between
-two padding atoms, masked to zero). Capacities only grow, with headroom, and
+two padding atoms, masked to zero). Capacities only grow, with 10 % headroom
+(:data:`GROWTH`), and
 are **agreed by every rank** of the DD group at each new halo topology (the
 first call after a plan rebuild, which every rank makes together; one
 all-reduce); between rebuilds a rank whose edge count outgrows its capacity
@@ -105,6 +106,13 @@ class CoreInputs:
         )
 
 
+#: Capacity growth of the compiled cores (headroom over the count that outgrew the
+#: capacity). Padded rows and edges are computed like real ones, so headroom is
+#: paid on every step; 10 % covers the fluctuations of a large system's counts
+#: (relative size ~ 1/sqrt(count)) and still settles in a few growths.
+GROWTH = 1.1
+
+
 def _quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` without the warning Dynamo raises while it wraps a non-leaf input
     (it reads ``.grad`` of the strained positions when it compiles)."""
@@ -144,7 +152,7 @@ class CompiledCore:
         self.policy = policy
         self.padder: COOPadder | None = None
         if policy.pad_shapes:
-            self.padder = COOPadder(name=name, check_indices=False)
+            self.padder = COOPadder(name=name, growth=GROWTH, check_indices=False)
         self._functions: dict[str, Callable[..., Any]] = {}
         self._agreed_generation: int | None = None
 
