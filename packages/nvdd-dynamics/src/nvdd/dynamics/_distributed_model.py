@@ -170,8 +170,7 @@ class DistributedModel:
         self.count = count
         self._timer = _Timer(self.stats, sync_timings)
         self._registry = AdapterRegistry(self.spec.adapters())
-        self.forward_fn, mode = compiled_forward(model, self.spec, config.compile, get_rank())
-        self.stats.compile_mode = mode.value
+        self.forward_fn: Any = model  # compiled (or not) at attach, released at detach
         self._sharded: State | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
@@ -217,19 +216,23 @@ class DistributedModel:
         self.pending = PendingTotals(sharded.group)
         self._registry.install()
         try:
+            self.forward_fn, mode = compiled_forward(
+                self.model, self.spec, self.config.compile, get_rank()
+            )
+            self.stats.compile_mode = mode.value
             self._rebuild(sharded.local_batch, migrate=False)
             setup = getattr(self.model, "distributed_setup", None)
             if setup is not None:
                 setup(self._context(self.plan, None))
         except BaseException:
+            self._release_compiled()
             self._registry.restore()
             raise
 
     def detach(self) -> None:
         """Restore the adapters and call the model's ``distributed_teardown`` (and
         ``compile_forward(None)`` when the model compiled its own core)."""
-        if self.stats.compile_mode == CompileMode.CORE.value:
-            self.model.compile_forward(None)
+        self._release_compiled()
         try:
             teardown = getattr(self.model, "distributed_teardown", None)
             if teardown is not None and self._sharded is not None:
@@ -237,6 +240,12 @@ class DistributedModel:
         finally:
             self._registry.restore()
             self._sharded = None
+
+    def _release_compiled(self) -> None:
+        """Hand a model that compiled its own core back to eager (``compile_forward(None)``)."""
+        if self.stats.compile_mode == CompileMode.CORE.value:
+            self.model.compile_forward(None)  # idempotent; stats keep how the run compiled
+        self.forward_fn = self.model
 
     @property
     def adapter_statuses(self) -> tuple[Any, ...]:

@@ -110,13 +110,13 @@ class CoreInputs:
 
 
 def growth_for(n_rows: int) -> float:
-    """Capacity growth of a compiled core for a rank with ``n_rows`` rows.
+    """Capacity growth of a compiled core for a rank owning ``n_rows`` rows.
 
     Padded rows and edges are computed like real ones, so headroom is paid on
-    every step; the counts of a rank fluctuate by about ``1 / sqrt(n)`` of
-    themselves (more in a clustering gas), so the headroom is ``4 / sqrt(n)``,
-    kept within 5 % and 25 %: a 256-atom hot gas on 2 ranks gets 25 % (no
-    recompile after warm-up over 1,000 steps), 100k atoms 5 %.
+    every step; a rank's counts fluctuate by about ``1 / sqrt(n)`` of themselves
+    (more in a clustering gas), so the headroom is ``4 / sqrt(n)``, kept within
+    5 % and 25 %: a 256-atom hot gas on 2 ranks gets 25 % (no recompile after
+    warm-up over 1,000 steps), 100k atoms on one GPU 5 %.
     """
     return min(1.25, max(1.05, 1.0 + 4.0 / math.sqrt(max(n_rows, 1))))
 
@@ -223,8 +223,11 @@ class CompiledCore:
             atom_fields={"positions": positions, "rows": rows, "system_index": system_index},
             edge_fields={"shifts": edges.shifts},
         )
-        if self.padder is None:
-            growth = growth_for(n)
+        if self.padder is None:  # headroom from the receivers (owned rows): edges follow them
+            receivers = n_owned if n_owned is not None else n
+            if ctx.layout is not None:
+                receivers = int(ctx.layout.n_owned)
+            growth = growth_for(receivers)
             self.padder = COOPadder(name=self.name, growth=growth, check_indices=False)
         p = self.padder.pad(graph, group=group)
         padded_rows = p.atom_fields["rows"]
