@@ -20,7 +20,9 @@ directory (:func:`use_rank_cache_dir`).
 from __future__ import annotations
 
 import enum
+import getpass
 import os
+import tempfile
 from typing import Any
 
 import torch
@@ -40,6 +42,15 @@ class CompileMode(enum.Enum):
     WHOLE = "whole"  # torch.compile of the whole forward, dynamic shapes
 
 
+def _default_cache_dir() -> str:
+    """torch's default inductor cache directory (its own helper where it exists)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # pragma: no cover - older torch
+        return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return str(default_cache_dir())
+
+
 def use_rank_cache_dir(rank: int) -> str:
     """Point torch.compile's on-disk caches (inductor, Triton) at a directory of
     this rank's own and return it.
@@ -50,9 +61,7 @@ def use_rank_cache_dir(rank: int) -> str:
     The variable is process state: set it yourself to another directory ending
     in ``rank<r>`` to choose the place.
     """
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    base = os.environ.get(_CACHE_ENV) or default_cache_dir()
+    base = os.environ.get(_CACHE_ENV) or _default_cache_dir()
     leaf = f"rank{rank}"
     path = base if os.path.basename(os.path.normpath(base)) == leaf else os.path.join(base, leaf)
     os.environ[_CACHE_ENV] = path
