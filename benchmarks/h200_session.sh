@@ -57,6 +57,32 @@ mace)
   timeout 540 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 24 \
     --doublings 6 --steps 5 --warmup 2 "$@" 2>&1 | quiet
   ;;
+models2)
+  step "MACE medium fp32: plain vs DomainParallel on 1 GPU, doubling until OOM"
+  timeout 400 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 24 \
+    --doublings 5 --steps 5 --warmup 2 --dtypes float32 --json "$out/mace32.json" 2>&1 | quiet
+  step "compiled vs eager DD, reference MPNN 97,556 atoms fp32"
+  timeout 150 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 \
+    --dtype float32 --steps 100 --warmup 20 --worlds 1 2>&1 | quiet
+  ;;
+models3)
+  step "MACE medium fp64: plain vs DomainParallel on 1 GPU"
+  timeout 200 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 24 \
+    --doublings 3 --steps 5 --warmup 2 --dtypes float64 --json "$out/mace64.json" 2>&1 | quiet
+  step "PME 100k charges: raw and DD on 1 GPU"
+  timeout 90 python3 benchmarks/bench_pme.py --device cuda --atoms 100000 --worlds 1 2>&1 | quiet
+  step "LJ GPU tests (the no-host-sync guard on CUDA)"
+  timeout 120 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short packages/nvdd-models/tests/test_models_lj_warp.py packages/nvdd-models/tests/test_models_mace.py 2>&1 | tail -8
+  ;;
+models4)
+  step "compiled vs eager DD (halo forced on one GPU), reference MPNN 97,556 atoms fp32"
+  timeout 200 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 \
+    --dtype float32 --steps 100 --warmup 20 --worlds 1 --halo 2>&1 | quiet
+  step "MACE medium fp32 and fp64 at 4,096 and 8,192 atoms"
+  timeout 300 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 16 \
+    --doublings 1 --steps 5 --warmup 2 --dtypes float64 float32 --json "$out/mace_small.json" 2>&1 | quiet
+  ;;
 *)
   step "$phase"
   shift 2

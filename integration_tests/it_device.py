@@ -24,6 +24,8 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
+from nvdd.partition import ShardedBatch
+from nvdd.spec import StrategyKind
 from nvdd.testing import fake_accelerator
 
 
@@ -34,7 +36,7 @@ def _two_systems() -> Batch:
     return Batch.concatenate([a, b])
 
 
-def _run(kind: str, model_name: str, dev: torch.device) -> dict[str, Any]:
+def _run(kind: str, model_name: str, dev: torch.device, strategy: str) -> dict[str, Any]:
     model, cutoff = model_for(model_name)
     model = model.to(dev)
     batch = (_two_systems() if kind == "two" else crystal(kind, temperature_k=300.0)).to(dev)
@@ -47,7 +49,8 @@ def _run(kind: str, model_name: str, dev: torch.device) -> dict[str, Any]:
     seen: dict[str, list[Any]] = {"local": [], "global": [], "zero": []}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=0.4)) as dp:
+        config = DomainConfig(cutoff=cutoff, skin=0.4, strategy=StrategyKind(strategy))
+        with DomainParallel(dyn, config) as dp:
             dp.partition()
             dp.register_hook(
                 HookStage.AFTER_STEP,
@@ -69,7 +72,8 @@ def _run(kind: str, model_name: str, dev: torch.device) -> dict[str, Any]:
                 scope=HookScope.RANK_ZERO,
             )
             dp.run(8)
-            dp.sharded.rebalance()
+            if isinstance(dp.sharded, ShardedBatch):  # index blocks never rebalance
+                dp.sharded.rebalance()
             dp.run(4)
             whole = dp.to_global()
             final = dp.gather(0)
@@ -91,8 +95,10 @@ def _run(kind: str, model_name: str, dev: torch.device) -> dict[str, Any]:
     return out
 
 
-def cpu_and_fake(kind: str, model_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    cpu = _run(kind, model_name, torch.device("cpu"))
+def cpu_and_fake(
+    kind: str, model_name: str, strategy: str = "halo"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    cpu = _run(kind, model_name, torch.device("cpu"), strategy)
     with fake_accelerator() as dev:
-        fake = _run(kind, model_name, dev)
+        fake = _run(kind, model_name, dev, strategy)
     return cpu, fake

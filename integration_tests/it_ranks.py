@@ -17,6 +17,7 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
+from nvdd.spec import CompilePolicy, MLIPSpec, StrategyKind
 from nvdd.testing import assert_same_ids
 
 
@@ -60,15 +61,22 @@ def run_dd(
     every: int = 0,
     integrator: str = "nve",
     temperature_k: float = 60.0,
+    strategy: str = "halo",
 ) -> dict[str, Any]:
     """Run the decomposed dynamics; rank 0 returns the gathered final state."""
     dyn, batch, cutoff = _start(kind, model_name, dt, species, integrator, temperature_k)
+    # halo_on_one_rank: a 1-rank case exercises the halo path (periodic images)
+    config = DomainConfig(
+        cutoff=cutoff,
+        skin=skin,
+        grid_dims=grid,
+        strategy=StrategyKind(strategy),
+        halo_on_one_rank=True,
+    )
     energies: list[float] = []
     ids_ok: list[bool] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # small test systems are often degenerate
-        # halo_on_one_rank: a 1-rank case exercises the halo path (periodic images)
-        config = DomainConfig(cutoff=cutoff, skin=skin, grid_dims=grid, halo_on_one_rank=True)
         dp = DomainParallel(dyn, config)
         with dp:
             if every:
@@ -98,6 +106,7 @@ def run_dd(
         "rebuilds": stats.rebuilds,
         "migrated_total": stats.migrated,
         "ids_checks": len(ids_ok),
+        "n_ghost": stats.n_ghost,
         "converged": converged,
         "steps": dyn.step_count,
     }
@@ -136,15 +145,19 @@ def single(
     }
 
 
-def lj_steady_state() -> dict[str, Any]:
-    """Collectives of LJ steps that rebuild nothing (after a warm-up)."""
+def lj_steady_state(strategy: str = "halo", compiled: bool = False) -> dict[str, Any]:
+    """Collectives of LJ steps that rebuild nothing (after a warm-up); ``compiled``:
+    the model's compiled core (backend aot_eager)."""
     model, cutoff = model_for("lj")
+    kind = StrategyKind(strategy)
+    spec = model.distribution_spec(kind) | MLIPSpec(
+        compile=CompilePolicy(enabled=compiled, backend="aot_eager")
+    )
     dyn = VelocityVerlet(model, crystal("periodic", temperature_k=20.0), dt_fs=1.0)
+    config = DomainConfig(cutoff=cutoff, skin=1.0, strategy=kind, compile=compiled)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with DomainParallel(
-            dyn, DomainConfig(cutoff=cutoff, skin=1.0), count_collectives=True
-        ) as dp:
+        with DomainParallel(dyn, config, spec=spec, count_collectives=True) as dp:
             dp.partition()
             dp.run(3)
             seen = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nvdd.core import Batch
-from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+from nvdd.models import LennardJones, LJBackend, LJConfig, MPNNConfig, ReferenceMPNN
 
 AR_A = 5.26  # FCC lattice constant of argon, Angstrom
 LJ_CUTOFF = 6.0
@@ -78,8 +78,12 @@ def crystal(
     return b.replace(velocities=_velocities(n_atoms, b.masses, temperature_k, g))
 
 
-def lj_model(dtype: torch.dtype = torch.float64) -> LennardJones:
-    return LennardJones(LJConfig(cutoff=LJ_CUTOFF, epsilon=0.0104, sigma=3.40, skin=0.5)).to(dtype)
+def lj_model(dtype: torch.dtype = torch.float64, backend: str = "auto") -> LennardJones:
+    """Argon LJ; ``backend="torch"`` for the torch path (what ``compile=True`` compiles)."""
+    config = LJConfig(
+        cutoff=LJ_CUTOFF, epsilon=0.0104, sigma=3.40, skin=0.5, backend=LJBackend(backend)
+    )
+    return LennardJones(config).to(dtype)
 
 
 def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> ReferenceMPNN:

@@ -19,20 +19,25 @@ from nvdd.testing import run_ranks
 pytestmark = pytest.mark.gloo
 
 CASES = [
-    (2, "periodic", "lj"),
-    (3, "triclinic", "lj"),
-    (2, "slab", "lj"),
-    (2, "cluster", "lj"),
-    (2, "two", "lj"),
-    (2, "periodic", "mpnn2"),
+    (2, "periodic", "lj", "halo"),
+    (3, "triclinic", "lj", "halo"),
+    (2, "slab", "lj", "halo"),
+    (2, "cluster", "lj", "halo"),
+    (2, "two", "lj", "halo"),
+    (2, "periodic", "mpnn2", "halo"),
+    (3, "two", "mpnn2", "graph_partition"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("world", "kind", "model"), CASES, ids=[f"{c[2]}-{c[1]}-{c[0]}" for c in CASES]
+    ("world", "kind", "model", "strategy"),
+    CASES,
+    ids=[f"{c[2]}-{c[1]}-{c[0]}-{c[3]}" for c in CASES],
 )
-def test_dd_run_on_a_device_equals_the_cpu_run(world: int, kind: str, model: str) -> None:
-    out = run_ranks(cpu_and_fake, world, kind, model, timeout_s=600)
+def test_dd_run_on_a_device_equals_the_cpu_run(
+    world: int, kind: str, model: str, strategy: str
+) -> None:
+    out = run_ranks(cpu_and_fake, world, kind, model, strategy, timeout_s=600)
     for rank, (cpu, fake) in enumerate(out):
         assert fake["whole_device"] == "meta", f"rank {rank}: to_global left the device"
         # (the Warp LJ kernel sums with atomics: equal to rounding, not bit for bit)

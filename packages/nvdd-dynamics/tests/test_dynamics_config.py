@@ -36,6 +36,14 @@ BAD = [
         {"cutoff": 5.0, "skin": 0.5, "migration_hysteresis": -0.1},
         r"migration_hysteresis must be >= 0 and < skin = 0\.5, got -0\.1",
     ),
+    (
+        {"cutoff": 5.0, "strategy": StrategyKind.GRAPH_PARTITION, "grid_dims": (2, 1, 1)},
+        r"grid_dims applies to StrategyKind.HALO only",
+    ),
+    (
+        {"cutoff": 5.0, "strategy": StrategyKind.GRAPH_PARTITION, "load_balance": True},
+        r"load_balance applies to StrategyKind.HALO only",
+    ),
 ]
 
 

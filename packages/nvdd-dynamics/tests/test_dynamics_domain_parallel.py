@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -241,12 +243,25 @@ def _compiled_run(backend: str) -> dict:
         compiled = dp.model.forward_fn is not model
         dp.run(8)
         out = dp.gather(0)
-    return {} if out is None else {"ids": out.atom_ids, "forces": out.forces, "compiled": compiled}
+        stats = dp.stats
+    if out is None:
+        return {"cache": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+    return {
+        "ids": out.atom_ids,
+        "forces": out.forces,
+        "compiled": compiled,
+        "mode": stats.compile_mode,
+        "compiles": stats.compiles,
+        "cache": os.environ["TORCHINDUCTOR_CACHE_DIR"],
+    }
 
 
 def test_compile_true_runs_a_compiled_forward_with_the_same_result() -> None:
-    got = run_ranks(_compiled_run, 2, "aot_eager", timeout_s=300)[0]
-    assert got["compiled"]
+    out = run_ranks(_compiled_run, 2, "aot_eager", timeout_s=300)
+    got = out[0]
+    assert got["compiled"] and got["mode"] == "whole"  # SoftPair has no compiled core
+    assert got["compiles"] >= 1
+    assert out[0]["cache"].endswith("rank0") and out[1]["cache"].endswith("rank1")
     ref = _reference(make_gas(n=40), 8, SoftPair())
     assert_close_by_id(
         got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="compiled forces"

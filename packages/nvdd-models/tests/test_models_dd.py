@@ -31,6 +31,7 @@ from nvdd.models import LennardJones, ReferenceMPNN
 from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
 from nvdd.spec import (
     SPEC_LJ_HALO,
+    SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
     BaseModelMixin,
     ForceStrategy,
@@ -55,12 +56,27 @@ def test_models_declare_their_halo_presets(kind: str, preset: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", ["lj", "mpnn"])
-def test_graph_partition_and_unknown_strategies_are_configuration_errors(kind: str) -> None:
+def test_graph_partition_specs_and_unknown_strategies(kind: str) -> None:
     model = make_model(kind)
-    with pytest.raises(ConfigurationError, match=r"HALO only.*GRAPH_PARTITION"):
-        model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    spec = model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    assert spec is model.distribution_spec("graph_partition")
+    assert spec.distribution.storage is StrategyKind.GRAPH_PARTITION
+    halo = model.distribution_spec()
+    if kind == "mpnn":
+        assert spec is SPEC_MPNN_GP
+    # the same outputs and forces as the halo preset: only the storage differs
+    assert spec.outputs == halo.outputs and spec.force_strategy is halo.force_strategy
     with pytest.raises(ConfigurationError, match="must be a StrategyKind, got 'ring'"):
         model.distribution_spec("ring")  # type: ignore[arg-type]
+
+
+def test_a_model_that_did_not_opt_in_to_graph_partition_says_so() -> None:
+    class HaloOnly(LennardJones):
+        _graph_preset = None
+
+    model = HaloOnly(make_model("lj").config)
+    with pytest.raises(ConfigurationError, match=r"HALO only.*GRAPH_PARTITION.*not opted in"):
+        model.distribution_spec(StrategyKind.GRAPH_PARTITION)
 
 
 # ------------------------------------------------- the inert context: phase 1

@@ -102,7 +102,6 @@ def test_scatter_none_is_refused_where_layers_need_an_exchange() -> None:
     assert one.distribution_spec() is none
 
 
-def test_graph_partition_preset_is_refused_by_the_halo_models() -> None:
+def test_graph_partition_preset_is_what_the_mpnn_returns_for_it() -> None:
     assert SPEC_MPNN_GP.strategy is StrategyKind.GRAPH_PARTITION
-    with pytest.raises(ConfigurationError, match="HALO only"):
-        make_model("mpnn").distribution_spec(StrategyKind.GRAPH_PARTITION)
+    assert make_model("mpnn").distribution_spec(StrategyKind.GRAPH_PARTITION) is SPEC_MPNN_GP

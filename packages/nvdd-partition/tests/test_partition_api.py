@@ -25,7 +25,9 @@ def test_public_classes_come_from_the_package() -> None:
         "BalanceMode",
         "DegeneratePartitionWarning",
         "IndexPartitioner",
+        "IndexShardedBatch",
         "MigrationStats",
         "ShardedBatch",
         "SpatialPartitioner",
+        "graph_ghosts",
     }

@@ -279,3 +279,15 @@ def test_trust_rule_imports_only_when_trusted(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(mod, None)
+
+
+def test_compile_policy_compiles_with_its_fields() -> None:
+    import torch
+
+    policy = CompilePolicy(enabled=True, backend="eager", fullgraph=True)
+    assert policy.resolved_dynamic(padded=True) is False  # padded: static graphs
+    assert policy.resolved_dynamic(padded=False) is True
+    assert CompilePolicy(dynamic=False).resolved_dynamic(padded=False) is False
+    fn = policy.compile(lambda x: torch.sin(x) * 2.0, padded=True)
+    x = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
+    torch.testing.assert_close(fn(x), torch.sin(x) * 2.0, rtol=0, atol=0)

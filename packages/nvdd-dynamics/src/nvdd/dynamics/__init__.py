@@ -1,4 +1,5 @@
-"""nvdd.dynamics: integrators and hooks, DomainConfig, DistributedModel, DomainParallel."""
+"""nvdd.dynamics: integrators and hooks, DomainConfig, DistributedModel (halo),
+GraphPartitionModel (graph partition), DomainParallel."""
 
 from nvdd.dynamics.__about__ import __version__
 from nvdd.dynamics._base import (
@@ -21,6 +22,7 @@ from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, consolidate
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._domain_parallel import DomainParallel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
 from nvdd.dynamics._nose_hoover import NoseHooverChain, NoseHooverNVT, StepSums, step_sums
@@ -46,6 +48,7 @@ __all__ = [
     "DistributedModel",
     "DistributedPipelineModel",
     "DomainParallel",
+    "GraphPartitionModel",
     "MeshReducer",
     "PendingTotals",
     "UndeclaredOutputWarning",

@@ -33,7 +33,12 @@ class DomainConfig:
         Halo width (Angstrom), >= ``cutoff + skin``; default ``cutoff + skin`` plus
         whatever extra the model's spec asks for (e.g. DFT-D3).
     strategy:
-        ``StrategyKind.HALO`` (default) or ``StrategyKind.GRAPH_PARTITION``.
+        ``StrategyKind.HALO`` (default): spatial boxes, ghosts within the ghost
+        width, atoms migrate. ``StrategyKind.GRAPH_PARTITION``: a fixed node
+        partition by index (a space-filling-curve order) for models that build
+        their own neighbour list; ghost rows are the atoms within ``cutoff +
+        skin`` of a rank's block, nothing migrates (``grid_dims``,
+        ``load_balance`` and ``migration_hysteresis`` do not apply).
     compile:
         Let the framework own a shape-stable compiled forward.
     require_nondegenerate:
@@ -94,6 +99,18 @@ class DomainConfig:
             raise ConfigurationError(
                 f"DomainConfig.halo_on_one_rank must be a bool, got {self.halo_on_one_rank!r}"
             )
+        if self.strategy is StrategyKind.GRAPH_PARTITION:
+            spatial = {
+                "grid_dims": self.grid_dims is not None,
+                "load_balance": self.load_balance,
+                "migration_hysteresis": self.migration_hysteresis is not None,
+            }
+            given = [k for k, v in spatial.items() if v]
+            if given:
+                raise ConfigurationError(
+                    f"DomainConfig.{given[0]} applies to StrategyKind.HALO only; "
+                    "StrategyKind.GRAPH_PARTITION splits atoms by index and never migrates them"
+                )
         if not isinstance(self.compile, bool):
             raise ConfigurationError(f"DomainConfig.compile must be a bool, got {self.compile!r}")
         if not isinstance(self.mesh_dim, str) or not self.mesh_dim:

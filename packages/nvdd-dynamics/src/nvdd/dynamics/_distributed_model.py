@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -33,19 +33,25 @@ from nvdd.core import (
     all_reduce,
     comm_device,
     count_collectives,
+    get_rank,
     get_world_size,
     raise_if_any_rank,
     skin_exceeded,
 )
+from nvdd.dynamics._compile import CompileMode, compiled_forward, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate
 from nvdd.dynamics._finite import MAX_COORDINATE, LazyFiniteCheck, nonfinite_flag
 from nvdd.halo import HaloPlan, build_halo_plan
+from nvdd.partition import ShardedBatch, SpatialPartitioner
 from nvdd.shardtensor import DDContext, dd_scope
 from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
 
 if TYPE_CHECKING:
-    from nvdd.partition import ShardedBatch
+    from nvdd.partition import IndexShardedBatch
+
+    #: The state a distributed model runs on: spatial (halo) or index (graph) blocks.
+    State = ShardedBatch | IndexShardedBatch
 
 __all__ = ["DDStats", "DistributedModel"]
 
@@ -66,6 +72,14 @@ class DDStats:
         Rows of the current plan.
     last_collectives:
         ``torch.distributed`` calls made by the last forward, by name.
+    compile_mode:
+        ``"off"``, ``"core"`` (the model compiles its own padded regions) or
+        ``"whole"`` (``torch.compile`` of the whole forward).
+    compiles:
+        Graphs ``torch._dynamo`` compiled during this model's forward calls (first
+        compiles and recompiles); constant once the shapes have settled.
+    last_compile_call:
+        The call (1-based) during which the last graph was compiled (0: none).
     seconds:
         Accumulated wall time per phase: ``check``, ``migrate``, ``plan``,
         ``exchange`` (ghost positions), ``model``, ``fold``, ``reduce``.
@@ -77,6 +91,9 @@ class DDStats:
     n_owned: int = 0
     n_ghost: int = 0
     last_collectives: Counter[str] = field(default_factory=Counter)
+    compile_mode: str = "off"
+    compiles: int = 0
+    last_compile_call: int = 0
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(
             ("check", "migrate", "plan", "exchange", "model", "fold", "reduce"), 0.0
@@ -114,7 +131,18 @@ class DistributedModel:
     sync_timings:
         Synchronise CUDA before reading phase timers (exact per-phase times for
         benchmarks, slower steps).
+
+    Raises
+    ------
+    ConfigurationError
+        When ``config.strategy`` is not this class's :attr:`strategy`
+        (``StrategyKind.HALO``; :class:`GraphPartitionModel` runs
+        ``GRAPH_PARTITION``), or the spec's ``distribution.storage`` differs from
+        ``config.strategy`` (a spec for one strategy never runs under the other).
     """
+
+    #: The strategy this class runs.
+    strategy: ClassVar[StrategyKind] = StrategyKind.HALO
 
     def __init__(
         self,
@@ -134,6 +162,7 @@ class DistributedModel:
             raise ConfigurationError(
                 f"{type(model).__name__}.distribution_spec returned {self.spec!r}, not an MLIPSpec"
             )
+        _check_strategy(type(self), config.strategy, self.spec)
         cutoff = float(getattr(model, "cutoff", config.cutoff))
         if cutoff > config.cutoff + 1e-12:
             raise ConfigurationError(
@@ -144,8 +173,8 @@ class DistributedModel:
         self.count = count
         self._timer = _Timer(self.stats, sync_timings)
         self._registry = AdapterRegistry(self.spec.adapters())
-        self.forward_fn = _compiled(model, self.spec, config)
-        self._sharded: ShardedBatch | None = None
+        self.forward_fn: Any = model  # compiled (or not) at attach, released at detach
+        self._sharded: State | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
@@ -187,13 +216,13 @@ class DistributedModel:
         return self._plan
 
     @property
-    def sharded(self) -> ShardedBatch:
+    def sharded(self) -> State:
         """The sharded batch this model runs on (after :meth:`attach`)."""
         if self._sharded is None:
             raise ConfigurationError("DistributedModel: call attach(sharded_batch) first")
         return self._sharded
 
-    def attach(self, sharded: ShardedBatch) -> None:
+    def attach(self, sharded: State) -> None:
         """Start running on ``sharded``: install the spec's adapters, build the plan.
 
         **Collective** over the sharded batch's group.
@@ -208,21 +237,30 @@ class DistributedModel:
         self._whole = self._runs_whole(sharded)
         if self._whole:  # one rank: no decomposition, no adapters, no plan
             self.stats.n_owned, self.stats.n_ghost = sharded.n_owned, 0
+            self.forward_fn, mode = compiled_forward(
+                self.model, self.spec, self.config.compile, get_rank()
+            )
+            self.stats.compile_mode = mode.value
             return
         self._registry.install()
         try:
+            self.forward_fn, mode = compiled_forward(
+                self.model, self.spec, self.config.compile, get_rank()
+            )
+            self.stats.compile_mode = mode.value
             self._rebuild(sharded.local_batch, migrate=False)
             setup = getattr(self.model, "distributed_setup", None)
             if setup is not None:
                 setup(self._context(self.plan, None))
         except BaseException:
+            self._release_compiled()
             self._registry.restore()
             raise
 
     #: Whether a world of one rank may run the model on the whole batch.
     _single_rank_passthrough = True
 
-    def _runs_whole(self, sharded: ShardedBatch) -> bool:
+    def _runs_whole(self, sharded: State) -> bool:
         return (
             self._single_rank_passthrough
             and sharded.world_size == 1
@@ -231,7 +269,9 @@ class DistributedModel:
         )
 
     def detach(self) -> None:
-        """Restore the adapters and call the model's ``distributed_teardown``."""
+        """Restore the adapters and call the model's ``distributed_teardown`` (and
+        ``compile_forward(None)`` when the model compiled its own core)."""
+        self._release_compiled()
         if self._whole:
             self._sharded = None
             self._whole = False
@@ -243,6 +283,12 @@ class DistributedModel:
         finally:
             self._registry.restore()
             self._sharded = None
+
+    def _release_compiled(self) -> None:
+        """Hand a model that compiled its own core back to eager (``compile_forward(None)``)."""
+        if self.stats.compile_mode == CompileMode.CORE.value:
+            self.model.compile_forward(None)  # idempotent; stats keep how the run compiled
+        self.forward_fn = self.model
 
     @property
     def adapter_statuses(self) -> tuple[Any, ...]:
@@ -269,19 +315,25 @@ class DistributedModel:
             sharded.local_batch = batch
         self.stats.calls += 1
         t0 = time.perf_counter()
+        compiling = self.stats.compile_mode != CompileMode.OFF.value
+        graphs = compiled_graphs() if compiling else 0
         if self._whole:  # one rank: the model on the whole batch, its own pbc
             self._finite.push(batch)  # no decision to make: no host sync either
             if self._finite.poll():
                 self.check_finite()
             t0 = self._timer("check", t0)
-            return batch, self._forward_whole(batch, t0)
-        rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
-        t0 = self._timer("check", t0)
-        if rebuild:
-            self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
-            t0 = time.perf_counter()
-        local = sharded.local_batch
-        outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
+            local, outputs = batch, self._forward_whole(batch, t0)
+        else:
+            rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
+            t0 = self._timer("check", t0)
+            if rebuild:
+                self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
+                t0 = time.perf_counter()
+            local = sharded.local_batch
+            outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
+        if compiling and compiled_graphs() != graphs:
+            self.stats.compiles += compiled_graphs() - graphs
+            self.stats.last_compile_call = self.stats.calls
         return local, outputs
 
     def request_rebuild(self) -> None:
@@ -319,10 +371,14 @@ class DistributedModel:
         pos = batch.positions.detach()
         ref, ref_cell = self._ref_positions, self._ref_cell
         skin = self.config.skin
+        part = self.sharded.partitioner
         if ref is None or ref_cell is None or ref.shape != pos.shape or skin == 0:
             moved = torch.ones((), dtype=torch.int32, device=pos.device)
+        elif not isinstance(part, SpatialPartitioner):  # index blocks: displacements only
+            d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
+            moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
-            dom = self.sharded.partitioner.domain_cell
+            dom = part.domain_cell
             reach = self.ghost_width - self.config.hysteresis - skin
             moved = skin_exceeded(
                 pos,
@@ -344,6 +400,11 @@ class DistributedModel:
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
+        if not isinstance(sharded, ShardedBatch):
+            raise ConfigurationError(
+                f"{type(self).__name__} (StrategyKind.HALO) runs on a ShardedBatch, got "
+                f"{type(sharded).__name__}"
+            )
         t0 = time.perf_counter()
         if migrate:
             stats = sharded.migrate(self.config.hysteresis)
@@ -358,6 +419,17 @@ class DistributedModel:
             local.system_index,
             part.domain_cell(local.cell),
         )
+        self._install(local, plan, torch.zeros_like(local.pbc))  # ghosts are explicit images
+        self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
+        self._timer("plan", t0)
+
+    def _install(self, local: Batch, plan: HaloPlan, pbc: torch.Tensor) -> None:
+        """Make ``plan`` current: the padded batch's fields that do not move (one
+        packed exchange), the Verlet reference positions, a new topology version.
+
+        **Collective** over the plan's group. ``pbc``: the padded batch's
+        boundaries (open under the halo, the real ones under graph partition).
+        """
         # Fields the model reads at neighbours but that do not move: exchanged once.
         extras = [f for f in self.spec.distribution.sharded_fields if f in local.atom_extras]
         ghosts = plan.forward_many(
@@ -374,7 +446,7 @@ class DistributedModel:
             system_index=torch.cat([local.system_index, plan.ghost_system_index.to(local.device)]),
             atom_ids=torch.cat([local.atom_ids, plan.ghost_atom_ids.to(local.device)]),
             cell=local.cell,
-            pbc=torch.zeros_like(local.pbc),
+            pbc=pbc,
             energy=torch.zeros_like(local.energy),
             stress=torch.zeros_like(local.stress),
             atom_extras={
@@ -388,8 +460,6 @@ class DistributedModel:
         self._ref_cell = local.cell.detach().clone()
         self._version += 1
         self.stats.rebuilds += 1
-        self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
-        self._timer("plan", t0)
 
     def _forward_whole(self, local: Batch, t0: float) -> ModelOutputs:
         """The model on every atom with its periodic boundaries (a world of one)."""
@@ -496,6 +566,25 @@ class DistributedModel:
         return self.pending.materialize(names)
 
 
+def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:
+    """Raise :class:`ConfigurationError` unless ``cls``, ``strategy`` and ``spec`` agree."""
+    runs: StrategyKind = getattr(cls, "strategy", StrategyKind.HALO)
+    if strategy is not runs:
+        other = "GraphPartitionModel" if runs is StrategyKind.HALO else "DistributedModel"
+        raise ConfigurationError(
+            f"{cls.__name__} runs {runs}, but DomainConfig.strategy is {strategy}: use "
+            f"{other} (DomainParallel picks the right one)"
+        )
+    storage = spec.distribution.storage
+    if storage is not strategy:
+        raise ConfigurationError(
+            f"the spec {spec.name or '(unnamed)'} declares storage {storage} but "
+            f"DomainConfig.strategy is {strategy}: a spec written for one strategy does not run "
+            "under the other; ask the model for distribution_spec(config.strategy) or set the "
+            "strategy the spec was written for"
+        )
+
+
 def _folds_forces(spec: MLIPSpec) -> bool:
     """Whether ghost-row forces are folded into their owners under ``spec``.
 
@@ -545,24 +634,3 @@ def _device_problem(model: Any, device: torch.device) -> str | None:
                 f"move the model with model.to({str(device)!r}) before DomainParallel"
             )
     return None
-
-
-def _compiled(model: Any, spec: MLIPSpec, config: DomainConfig) -> Any:
-    """``model`` itself, or ``torch.compile(model)`` when the config or spec asks.
-
-    Row counts change only at halo rebuilds, so the compiled forward uses dynamic
-    shapes (unless the spec's policy says otherwise) instead of recompiling at
-    every rebuild. Padding rows to grow-only capacities (``pad_shapes``) is not
-    applied under the halo strategy: ghost layouts would need padded ranks of
-    their own (see docs/design.md).
-    """
-    policy = spec.compile
-    if not (config.compile or policy.enabled):
-        return model
-    return torch.compile(
-        model,
-        backend=policy.backend,
-        mode=policy.mode,
-        fullgraph=policy.fullgraph,
-        dynamic=True if policy.dynamic is None else policy.dynamic,
-    )

@@ -23,10 +23,11 @@ from nvdd.dynamics import _checkpoint, _progress
 from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._distributed_model import DDStats
+from nvdd.dynamics._distributed_model import DDStats, DistributedModel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
-from nvdd.partition import BalanceMode, ShardedBatch, SpatialPartitioner
+from nvdd.partition import BalanceMode, IndexShardedBatch, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["DomainParallel"]
 
 _TOTALS = ("energy", "stress", "virial")
+
+
+def _graph(config: DomainConfig) -> bool:
+    return config.strategy is StrategyKind.GRAPH_PARTITION
 
 
 def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
@@ -53,7 +58,9 @@ def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
 
 
 class DomainParallel:
-    """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition.
+    """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition (or,
+    with ``DomainConfig(strategy=StrategyKind.GRAPH_PARTITION)``, a node partition
+    by index for models that build their own neighbour list).
 
     The inner integrator and its model are unchanged: the integrator sees its
     owned atoms only, forces come from a :class:`DistributedModel`, global sums
@@ -115,11 +122,6 @@ class DomainParallel:
             )
         if not isinstance(config, DomainConfig):
             raise ConfigurationError(f"config must be a DomainConfig, got {type(config).__name__}")
-        if config.strategy is not StrategyKind.HALO:
-            raise ConfigurationError(
-                f"DomainParallel runs StrategyKind.HALO; {config.strategy} is not supported yet "
-                "(see docs/design.md, 'Graph partition')"
-            )
         if not dist.is_initialized():
             device = dynamics.batch.device if isinstance(dynamics.batch, Batch) else None
             init_distributed(backend=backend, device=device, timeout_s=timeout_s)
@@ -132,12 +134,24 @@ class DomainParallel:
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
-        # A composed model (``pipeline_components``) gets a DistributedPipelineModel.
-        self.model = distributed_model_for(
-            dynamics.model, config, spec=spec, sync_timings=sync_timings, count=count_collectives
-        )
+        if _graph(config):  # a node partition by index (StrategyKind.GRAPH_PARTITION)
+            self.model: DistributedModel = GraphPartitionModel(
+                dynamics.model,
+                config,
+                spec=spec,
+                sync_timings=sync_timings,
+                count=count_collectives,
+            )
+        else:  # a composed model (``pipeline_components``) gets a DistributedPipelineModel
+            self.model = distributed_model_for(
+                dynamics.model,
+                config,
+                spec=spec,
+                sync_timings=sync_timings,
+                count=count_collectives,
+            )
         self.watchdog = Watchdog(watchdog_s, group=self.group)
-        self._sharded: ShardedBatch | None = None
+        self._sharded: ShardedBatch | IndexShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
             dynamics.reducer,
@@ -146,8 +160,9 @@ class DomainParallel:
 
     # ------------------------------------------------------------ set-up
     @property
-    def sharded(self) -> ShardedBatch:
-        """The partitioned state (after :meth:`partition`)."""
+    def sharded(self) -> ShardedBatch | IndexShardedBatch:
+        """The partitioned state (after :meth:`partition`): spatial blocks under
+        ``StrategyKind.HALO``, index blocks under ``GRAPH_PARTITION``."""
         if self._sharded is None:
             raise ConfigurationError("DomainParallel: call partition(batch) first")
         return self._sharded
@@ -159,7 +174,7 @@ class DomainParallel:
 
     def partition(
         self, batch: Batch | None = None, *, sharded: ShardedBatch | None = None
-    ) -> ShardedBatch:
+    ) -> ShardedBatch | IndexShardedBatch:
         """Scatter the system from ``src`` and build the first halo plan.
 
         **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
@@ -172,22 +187,24 @@ class DomainParallel:
             raise ConfigurationError("DomainParallel.partition: already partitioned")
         _progress.watch(self, "partition")
         ghost_width = self.model.ghost_width
+        state: ShardedBatch | IndexShardedBatch
         if sharded is not None:
             _checkpoint.check_adoptable(sharded, ghost_width)
+            state = sharded
         else:
-            sharded = self._scatter(batch, ghost_width)
-        self.model.attach(sharded)
-        self._sharded = sharded
+            state = self._scatter(batch, ghost_width)
+        self.model.attach(state)
+        self._sharded = state
         dyn = self.dynamics
-        dyn.attach_state(sharded)  # the integrator's batch IS the sharded batch from now on
+        dyn.attach_state(state)  # the integrator's batch IS the sharded batch from now on
         dyn.force_provider = self.model
         dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
         dyn.hook_runner = self._run_hooks
         dyn._forces_ready = False
         dyn.heartbeat = _progress.stage_beat(self)
-        return sharded
+        return state
 
-    def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch:
+    def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch | IndexShardedBatch:
         cfg = self.config
         kwargs: dict[str, Any] = {
             "grid_dims": cfg.grid_dims,
@@ -203,6 +220,8 @@ class DomainParallel:
         source = None
         if self.rank == self.src:
             source = batch if batch is not None else self.dynamics.batch
+        if _graph(cfg):  # a node partition by index: nothing spatial, nothing migrates
+            return IndexShardedBatch.from_batch(source, self.group, src=self.src, order="space")
         return ShardedBatch.from_batch(source, self.group, factory, src=self.src)
 
     # ------------------------------------------------------------- hooks

@@ -55,6 +55,11 @@ class HaloPlan:
         int64, shape ``(n_ghost,)``: system of every ghost.
     group:
         The process group of the plan.
+    explicit_images:
+        True for a spatial halo (ghost rows are periodic images placed where
+        they interact: a model runs on the padded rows with open boundaries);
+        False for a plan of :func:`~nvdd.halo.build_request_plan` (ghost rows are
+        the atoms themselves: the model applies the real cell and pbc).
 
     Notes
     -----
@@ -78,8 +83,10 @@ class HaloPlan:
         ghost_system_index: torch.Tensor,
         n_systems: int,
         sync_checks: bool = False,
+        explicit_images: bool = True,
     ) -> None:
         self._route = route
+        self.explicit_images = explicit_images
         self.rank = rank
         self.ghost_atom_ids = ghost_atom_ids
         self.ghost_owner_rank = ghost_owner_rank

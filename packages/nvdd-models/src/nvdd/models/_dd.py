@@ -91,10 +91,17 @@ def per_atom_exchange(spec: MLIPSpec) -> Callable[[torch.Tensor], torch.Tensor] 
     return None
 
 
-def halo_spec(model: object, strategy: StrategyKind | str, spec: MLIPSpec) -> MLIPSpec:
-    """``spec`` for ``StrategyKind.HALO``; a :class:`ConfigurationError` otherwise.
+def halo_spec(
+    model: object,
+    strategy: StrategyKind | str,
+    spec: MLIPSpec,
+    graph: MLIPSpec | None = None,
+) -> MLIPSpec:
+    """``spec`` for ``StrategyKind.HALO``, ``graph`` for ``GRAPH_PARTITION``.
 
-    ``strategy`` may be a :class:`StrategyKind` or its value (``"halo"``).
+    ``strategy`` may be a :class:`StrategyKind` or its value (``"halo"``). A
+    :class:`ConfigurationError` for graph partition when ``graph`` is None (the
+    model did not opt in) or for a value that is not a strategy.
     """
     name = type(model).__name__
     try:
@@ -103,13 +110,14 @@ def halo_spec(model: object, strategy: StrategyKind | str, spec: MLIPSpec) -> ML
         raise config_error(
             f"{name}.distribution_spec: strategy must be a StrategyKind, got {strategy!r}"
         ) from None
-    if kind is not StrategyKind.HALO:
+    if kind is StrategyKind.HALO:
+        return spec
+    if graph is None:
         raise config_error(
-            f"{name} supports StrategyKind.HALO only, got {kind}: it builds its neighbour "
-            "list on the padded [owned | ghost] rows of a spatial halo; graph partition "
-            "(an index split without ghosts) is not implemented for it yet"
+            f"{name} supports StrategyKind.HALO only, got {kind}: it has not opted in to the "
+            "graph partition (a node partition by index; see docs/design.md)"
         )
-    return spec
+    return graph
 
 
 class InputGate:
@@ -173,7 +181,9 @@ def _rows_problem(batch: Batch, n_receivers: int | None, n_owned: int, n_padded:
     return None
 
 
-def _open_boundary_problem(pbc: torch.Tensor) -> str | None:
+def _open_boundary_problem(layout: object, pbc: torch.Tensor) -> str | None:
+    if not getattr(layout, "explicit_images", True):
+        return None  # graph partition: ghost rows are the atoms, the real pbc applies
     if bool(pbc.any()):
         return (
             f"batch.pbc is {pbc.tolist()} (shape {tuple(pbc.shape)}): under a DD context the "
@@ -245,7 +255,7 @@ def prepare_rows(
             message = (
                 data_check()
                 or check_system_index(batch.system_index, batch.n_systems)
-                or _open_boundary_problem(batch.pbc)
+                or _open_boundary_problem(layout, batch.pbc)
             )
         raise_if_any_rank(message, ctx.group, exc_type=ValidationError)
         gate.accept(ctx)
@@ -270,24 +280,28 @@ class HaloModelMixin(BaseModelMixin):
     _halo_preset: ClassVar[MLIPSpec]
     #: A spec that replaces the preset (``None``: the preset).
     _spec: MLIPSpec | None = None
+    #: What it returns for ``StrategyKind.GRAPH_PARTITION`` (None: not supported).
+    _graph_preset: ClassVar[MLIPSpec | None] = None
     neighbors: VerletList
     species_rows: torch.Tensor
     _dd_gate: InputGate
 
     def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """The model's spec for ``StrategyKind.HALO`` (or its value ``"halo"``): its
-        preset, or the ``spec=`` it was built with.
+        """The model's spec for ``strategy`` (a :class:`StrategyKind` or its value):
+        for ``HALO`` its preset or the ``spec=`` it was built with.
 
-        What the preset promises is in the model's class docstring.
+        ``StrategyKind.HALO``: :attr:`_halo_preset`; ``GRAPH_PARTITION``:
+        :attr:`_graph_preset`. What the presets promise is in the model's class
+        docstring.
 
         Raises
         ------
         ConfigurationError
-            For ``StrategyKind.GRAPH_PARTITION`` (not supported yet) or a value
-            that is not a strategy.
+            For a strategy the model does not support, or a value that is not a
+            strategy.
         """
         spec = self._spec if self._spec is not None else self._halo_preset
-        return halo_spec(self, strategy, spec)
+        return halo_spec(self, strategy, spec, self._graph_preset)
 
     def distributed_setup(self, ctx: object) -> None:
         """Forget cached neighbours and checks when a distributed scope opens."""

@@ -32,6 +32,7 @@ import torch
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._cell_kernels import MAX_SYSTEMS
 from nvdd.models._checks import fail
+from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, prepare_rows
 from nvdd.models._device_neighbors import DeviceVerletList
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig
@@ -42,12 +43,17 @@ from nvdd.models._species import check_species
 from nvdd.models._stress import stress_from_virial
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import Scope, current_dd_context
-from nvdd.spec import SPEC_LJ_HALO
+from nvdd.spec import SPEC_LJ_HALO, CompilePolicy, DistributionSpec, MLIPSpec, StrategyKind
 
 __all__ = ["LennardJones"]
 
 #: ``Scope.LOCAL``: the energy of ``SPEC_LJ_HALO`` is a per-rank partial.
 _ENERGY_SCOPE: Scope = energy_scope(SPEC_LJ_HALO)
+#: The graph-partition spec: the same outputs and forces, index-block storage.
+SPEC_LJ_GRAPH = SPEC_LJ_HALO | MLIPSpec(
+    name="SPEC_LJ_HALO | graph partition",
+    distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
+)
 
 
 class LennardJones(HaloModelMixin, torch.nn.Module):
@@ -76,7 +82,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
     atom energies exact on owned rows. Either force mode fits this spec: in
     ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
-    positions and still returns ``forces``.
+    positions and still returns ``forces``. ``StrategyKind.GRAPH_PARTITION``
+    returns the same spec with index-block storage: rows are this rank's atoms
+    plus those within reach, with the real cell and pbc.
 
     Examples
     --------
@@ -85,6 +93,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     """
 
     _halo_preset = SPEC_LJ_HALO
+    _graph_preset = SPEC_LJ_GRAPH
     epsilon_table: torch.Tensor
     sigma_table: torch.Tensor
     shift_table: torch.Tensor
@@ -105,6 +114,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         self.neighbors = VerletList(config.cutoff, config.skin)
         self._warp = WarpLJ(config.cutoff, config.skin, half=config.half_list)
         self._dd_gate = InputGate()
+        self._core: CompiledCore | None = None
 
     @property
     def device_neighbors(self) -> DeviceVerletList:
@@ -199,6 +209,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         Differentiable in ``positions`` and ``cell``; shape ``(n_atoms,)``.
         ``rows`` are the species rows of the atoms, int64 ``(n_atoms,)``.
         """
+        if self._core is not None:
+            t = self._core.inputs(positions, rows, system_index, edges, self._dd_gate.generation)
+            energies: torch.Tensor = self._core.fn("energies", lj_energies)(self, *t.tensors(cell))
+            return energies[: t.n_atoms]
         r_vec = edges.vectors(positions, cell, system_index)
         phi, _ = self.pair_terms(
             r_vec, rows.index_select(0, edges.receivers), rows.index_select(0, edges.senders)
@@ -281,6 +295,26 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         with torch.no_grad():
             return self._direct(batch, rows, edges, n_receivers, compute_stress, ghost_forces)
 
+    def compile_forward(self, policy: CompilePolicy | None) -> bool:
+        """Compile the pair kernel under ``policy`` (see ``BaseModelMixin.compile_forward``):
+        one collective-free region of the torch path (edge vectors, pair terms,
+        scatters, virial in the direct mode; per-atom energies in the autograd
+        mode). ``None``: back to eager.
+
+        With direct forces and ``LJBackend.AUTO`` / ``WARP`` the model runs its Warp
+        kernels, which are compiled code already: nothing is compiled, and True is
+        returned so that the runtime does not ``torch.compile`` the Warp launches
+        either. ``LJBackend.TORCH`` (or autograd forces) compiles the torch path.
+        """
+        if self._core is not None:
+            self._core.release()
+        native = (
+            self._config.backend is not LJBackend.TORCH
+            and self._config.force_mode is ForceMode.DIRECT
+        )
+        self._core = None if policy is None or native else CompiledCore(policy, "lj", self)
+        return policy is not None
+
     def _direct(
         self,
         batch: Batch,
@@ -291,6 +325,8 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         ghost_forces: bool = True,
     ) -> ModelOutputs:
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
+        if self._core is not None:
+            return self._compiled_direct(self._core, batch, rows, edges, n_counted, compute_stress)
         r_vec = edges.vectors(pos, cell, si)
         i, j = edges.receivers, edges.senders
         phi, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
@@ -380,4 +416,31 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             virial = virial_by_system(rows, si, n_sys)
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, batch.cell.detach())
+        return out
+
+    def _compiled_direct(
+        self,
+        core: CompiledCore,
+        batch: Batch,
+        rows: torch.Tensor,
+        edges: EdgeList,
+        n_counted: int | None,
+        compute_stress: bool,
+    ) -> ModelOutputs:
+        """:meth:`_direct` through the compiled region (same values). **Collective**
+        under a live DD context at a new halo topology (the capacities' all-reduce)."""
+        pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
+        t = core.inputs(pos, rows, si, edges, self._dd_gate.generation)
+        atom_e, forces, virial = core.fn("direct", lj_direct)(
+            self, batch.n_systems, *t.tensors(cell)
+        )
+        atom_energies = atom_e[: t.n_atoms]
+        out: ModelOutputs = {
+            "energy": system_energy(atom_energies, si, batch.n_systems, n_counted, _ENERGY_SCOPE),
+            "forces": forces[: t.n_atoms],
+            "atom_energies": atom_energies,
+        }
+        if compute_stress:
+            out["virial"] = virial
+            out["stress"] = stress_from_virial(virial, cell)
         return out

@@ -43,6 +43,7 @@ from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
+from nvdd.models._compiled import CompiledCore, mpnn_embed, mpnn_layer, mpnn_readout
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
@@ -54,7 +55,7 @@ from nvdd.shardtensor import (
     refresh_neighbors,
     scatter_to_owners,
 )
-from nvdd.spec import SPEC_MPNN_HALO, MLIPSpec, ScatterMode
+from nvdd.spec import SPEC_MPNN_GP, SPEC_MPNN_HALO, CompilePolicy, MLIPSpec, ScatterMode
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
 
@@ -198,9 +199,16 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     refreshes the ghost rows from their owners (one exchange per layer but the
     last; ``ScatterMode.FOLD`` instead folds the aggregated messages and updates
     every row: two exchanges per layer, the same forces).
+
+    ``StrategyKind.GRAPH_PARTITION`` returns ``SPEC_MPNN_GP``: the same rows and
+    exchanges, but the rows are this rank's index block plus the atoms its edges
+    read, at their own positions, with the real cell and pbc (the layout's
+    ``explicit_images`` is False), and the model's neighbour list applies the
+    periodic images itself.
     """
 
     _halo_preset = SPEC_MPNN_HALO
+    _graph_preset = SPEC_MPNN_GP
 
     def __init__(
         self,
@@ -233,6 +241,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
                 f"ReferenceMPNN with {config.n_layers} layers needs a per-layer exchange of ghost "
                 "features: its spec's options.scatter must be FOLD or LOCAL, got NONE"
             )
+        self._core: CompiledCore | None = None
 
     def _initialise(self, seed: int) -> None:
         """Draw every parameter from one generator, in registration order."""
@@ -282,6 +291,10 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
 
         ``rows`` are the atoms' species rows (int64 ``(n_atoms,)``).
         """
+        if self._core is not None:
+            return self._compiled_atom_energies(
+                self._core, positions, cell, rows, system_index, edges
+            )
         c = self._config
         r_vec = edges.vectors(positions, cell, system_index)
         r = torch.sqrt((r_vec * r_vec).sum(dim=1))
@@ -299,6 +312,59 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         else:
             energies = self.readout_out(silu(self.readout_in(h))).squeeze(1)
         return energies + self.species_energy.index_select(0, rows)
+
+    def compile_forward(self, policy: CompilePolicy | None) -> bool:
+        """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
+
+        Three compiled regions, all collective-free: the embedding and radial
+        features, one layer (updating the first ``owned_cap`` rows, a capacity
+        of the owned count; under DD the ghost rows are then refreshed, eagerly,
+        between layers) and the readout. While compiled, the parameters do not
+        require grad (forces need none; restored by ``None``, which returns to
+        the eager model). Returns False (the runtime compiles the whole forward
+        instead) when the preset's scatter mode is not ``ScatterMode.LOCAL``.
+        """
+        if self._core is not None:
+            self._core.release()
+            self._core = None
+        if policy is None or self.distribution_spec().options.scatter is not ScatterMode.LOCAL:
+            return False
+        self._core = CompiledCore(policy, "mpnn", self)
+        return True
+
+    def _compiled_atom_energies(
+        self,
+        core: CompiledCore,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: EdgeList,
+    ) -> torch.Tensor:
+        """:meth:`atom_energies` through the compiled regions (same values).
+
+        **Collective** under a live DD context as :meth:`atom_energies` (one
+        refresh per layer but the last), plus one all-reduce of the padding
+        capacities at a new halo topology.
+        """
+        n = int(positions.shape[0])
+        n_update = self._owned_rows(self.distribution_spec().options.scatter)
+        gen = self._dd_gate.generation
+        t = core.inputs(positions, rows, system_index, edges, gen, n_update)
+        radial, h = core.fn("embed", mpnn_embed)(self, *t.tensors(cell))
+        last = len(self.layers) - 1
+        for k, layer in enumerate(self.layers):
+            h = core.fn("layer", mpnn_layer)(
+                layer, h, radial, t.owned_receivers, t.senders, t.edge_mask, t.owned
+            )
+            if k < last and n_update is not None and n_update < n:
+                h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
+        owned = n if n_update is None else n_update
+        energies: torch.Tensor = core.fn("readout", mpnn_readout)(self, h, t.owned)[:owned]
+        if owned < n:  # ghost rows: their species offset only
+            ghost = self.species_energy.index_select(0, rows[owned:])
+            energies = torch.cat([energies, ghost])
+        return energies
 
     def _owned_rows(self, mode: ScatterMode) -> int | None:
         """Rows that receive messages under the live DD context in the refresh mode

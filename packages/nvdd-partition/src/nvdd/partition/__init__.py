@@ -8,13 +8,17 @@
 - :class:`ShardedBatch` holds each rank's owned atoms of a
   :class:`~nvdd.core.Batch`: scatter from one rank, gather to one or all ranks,
   and migrate atoms that left their box.
-- :class:`IndexPartitioner` splits item indices into balanced contiguous blocks
-  (the graph-partition strategy).
+- :class:`IndexPartitioner` splits item indices into balanced contiguous blocks;
+  :class:`IndexShardedBatch` holds each rank's block of atoms (in atom-id order)
+  and :func:`graph_ghosts` finds the atoms a block's edges read (the
+  graph-partition strategy).
 """
 
 from nvdd.partition.__about__ import __version__
 from nvdd.partition._degenerate import DegeneratePartitionWarning
+from nvdd.partition._graph import graph_ghosts
 from nvdd.partition._index import IndexPartitioner
+from nvdd.partition._index_sharded import IndexShardedBatch
 from nvdd.partition._sharded import MigrationStats, ShardedBatch
 from nvdd.partition._spatial import BalanceMode, SpatialPartitioner
 
@@ -22,8 +26,10 @@ __all__ = [
     "BalanceMode",
     "DegeneratePartitionWarning",
     "IndexPartitioner",
+    "IndexShardedBatch",
     "MigrationStats",
     "ShardedBatch",
     "SpatialPartitioner",
     "__version__",
+    "graph_ghosts",
 ]

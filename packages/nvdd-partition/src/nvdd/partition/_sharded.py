@@ -25,6 +25,7 @@ from nvdd.partition._comm import (
     resolve_group,
 )
 from nvdd.partition._degenerate import empty_rank_reasons, enforce
+from nvdd.partition._gather import gather_to, gather_to_all
 from nvdd.partition._scatter import ERRORS, Header, PartitionerSource, build_local, src_header
 from nvdd.partition._spatial import SpatialPartitioner
 
@@ -311,15 +312,7 @@ class ShardedBatch:
         ``dst``. One packed ``reshard_by_destination`` of every per-atom field to
         ``dst``; system fields are ``dst``'s copies.
         """
-        world = self.world_size
-        if not 0 <= dst < world:
-            raise ConfigurationError(f"rank {self.rank}: dst {dst} is outside [0, {world})")
-        local = self._local
-        dest = torch.full((local.n_atoms,), dst, dtype=torch.int64, device=local.device)
-        rows = reshard(local.atom_fields(), dest, self._group)
-        if self.rank != dst:
-            return None
-        return local.with_atom_fields(rows).sort_by_id()
+        return gather_to(self._local, dst, self._group)
 
     def to_global(self) -> Batch:
         """The whole batch, in atom-id order, on every rank.
@@ -328,16 +321,7 @@ class ShardedBatch:
         exchange in which every rank sends its rows to every rank (O(N) memory
         per rank, as the result).
         """
-        world = self.world_size
-        local = self._local
-        n = local.n_atoms
-        tiled = {
-            k: v.unsqueeze(0).expand(world, *v.shape).reshape(world * n, *v.shape[1:])
-            for k, v in local.atom_fields().items()
-        }
-        dest = torch.arange(world, device=local.device).repeat_interleave(n)
-        rows = reshard(tiled, dest, self._group)
-        return local.with_atom_fields(rows).sort_by_id()
+        return gather_to_all(self._local, self._group)
 
     # --------------------------------------------------------------- updating
     def update_from_batch(self, batch: Batch, *, check: bool = True) -> None:

@@ -48,6 +48,12 @@ class HaloLayout(Protocol):
     ``fold(x)``
         **Collective** over ``group``: ghost rows are summed into their owners'
         rows (across ranks), then the result is refreshed. Fold is self-adjoint.
+
+    Optional attribute ``explicit_images`` (default True when absent): True when
+    ghost rows are periodic images placed where they interact, so the rows are
+    a system with open boundaries (the halo strategy); False when ghost rows
+    are the atoms themselves and a model must apply the real cell and pbc (the
+    graph-partition strategy).
     """
 
     @property

@@ -9,6 +9,7 @@ from nvdd.spec._types import StrategyKind
 
 if TYPE_CHECKING:
     from nvdd.spec._spec import MLIPSpec
+    from nvdd.spec._types import CompilePolicy
 
 __all__ = ["BaseModelMixin"]
 
@@ -47,6 +48,24 @@ class BaseModelMixin:
             f"distribution_spec(strategy) and return a preset ({_PRESETS}) or a composition "
             "of one, e.g. SPEC_MPNN_HALO | MLIPSpec(outputs=...)"
         )
+
+    def compile_forward(self, policy: CompilePolicy | None) -> bool:
+        """Opt in to the runtime's shape-stable compiled forward (``None``: opt out).
+
+        The runtime calls it once when a compiled scope opens (``DomainConfig(
+        compile=True)`` or an enabled :class:`CompilePolicy`) and with ``None``
+        when the scope closes. A model that returns True compiles its own tensor
+        core with :meth:`CompilePolicy.compile` and keeps its ``forward`` eager
+        around it: the neighbour search, the input checks and every DD verb
+        (``refresh_neighbors``, ``system_sum``, ...) stay outside the compiled
+        regions, and with ``policy.pad_shapes`` it pads atoms and edges to
+        capacities agreed by every rank at each new halo topology
+        (``nvdd.padding``), so the compiled regions see fixed shapes and
+        compile once. The default returns False: the runtime then compiles the
+        whole ``forward`` with ``torch.compile`` (dynamic shapes, no padding;
+        graph breaks at whatever Dynamo cannot trace).
+        """
+        return False
 
     def distributed_setup(self, ctx: Any) -> None:
         """Called when a distributed scope opens with this model (default: nothing)."""

@@ -155,15 +155,11 @@ dispersion energy (halo = max(cutoff, CN cutoff) + skin)."""
 
 SPEC_MPNN_GP = MLIPSpec(
     name="SPEC_MPNN_GP",
-    outputs={
-        "energy": _ENERGY_REPLICATED,
-        "forces": _PER_NODE_FOLD,
-        "atom_energies": _PER_NODE_OWNED,
-        "stress": _PER_GRAPH_PARTIAL,
-    },
+    outputs=_SHORT_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.AUTOGRAD,
     distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
     options=StrategyOptions(scatter=ScatterMode.LOCAL),
 )
 """Graph partition: atoms split by a balanced index range (no spatial halo), each
-rank owning the edges into its nodes."""
+rank owning the edges into its nodes; its ghost rows are the atoms those edges
+read (at their own positions, real cell and pbc), refreshed per layer."""

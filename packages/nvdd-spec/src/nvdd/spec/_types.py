@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
+
+import torch
 
 from nvdd.core import ConfigurationError
 
@@ -156,12 +158,27 @@ class CompilePolicy:
     Parameters
     ----------
     enabled:
-        Compile the forward at all.
-    mode, backend, fullgraph, dynamic:
-        Passed to ``torch.compile``.
+        Compile the forward at all (``DomainConfig(compile=True)`` also turns it on).
+    mode:
+        ``torch.compile``'s mode (``"reduce-overhead"``: CUDA graphs, which need
+        the fixed shapes of ``pad_shapes``).
+    backend:
+        ``torch.compile``'s backend (``"inductor"``; ``"aot_eager"`` traces
+        without generating code: cheap, for tests).
+    fullgraph:
+        Refuse graph breaks in every compiled region. A model that compiles its
+        own tensor core (:meth:`BaseModelMixin.compile_forward`) compiles
+        collective-free regions, so this holds for it; a model compiled whole
+        breaks at its neighbour search and collectives, and fails with it.
+    dynamic:
+        ``torch.compile``'s ``dynamic``; None: False when shapes are padded
+        (one static graph per capacity), True otherwise (symbolic shapes).
     pad_shapes:
-        Pad atom and edge counts to grow-only capacities (nvdd-padding) so the
-        compiled graph is reused as counts drift.
+        Pad atom and edge counts to grow-only, rank-agreed capacities
+        (nvdd-padding) so the compiled graph is reused as counts drift. Needs
+        a model that compiles its own core (the padding sits between its
+        neighbour search and its tensor code); a model compiled whole runs
+        unpadded with dynamic shapes.
     """
 
     enabled: bool = False
@@ -179,6 +196,22 @@ class CompilePolicy:
             )
         if not self.backend:
             raise ConfigurationError("CompilePolicy.backend must be a non-empty string")
+
+    def resolved_dynamic(self, padded: bool) -> bool:
+        """``dynamic`` if set, else ``not padded`` (static graphs for padded shapes)."""
+        return (not padded) if self.dynamic is None else bool(self.dynamic)
+
+    def compile(self, fn: Callable[..., Any], *, padded: bool) -> Callable[..., Any]:
+        """``torch.compile(fn)`` with this policy's backend, mode, fullgraph and
+        :meth:`resolved_dynamic` (``padded``: ``fn`` only ever sees padded shapes)."""
+        compiled: Callable[..., Any] = torch.compile(
+            fn,
+            backend=self.backend,
+            mode=self.mode,
+            fullgraph=self.fullgraph,
+            dynamic=self.resolved_dynamic(padded),
+        )
+        return compiled
 
 
 @dataclass(frozen=True)

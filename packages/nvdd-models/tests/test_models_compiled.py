@@ -1,0 +1,102 @@
+"""compile_forward: the models' padded, collective-free compiled regions give the
+eager model's outputs, compile once per capacity, and switch off again.
+
+Backend ``aot_eager`` (the graphs inductor would compile, traced forward and
+backward, without code generation: cheap on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models_ddcases import global_batch, make_model
+
+from nvdd.core import Batch
+from nvdd.spec import CompilePolicy
+
+EAGER_ATOL = 1e-10
+
+
+def _policy(**kw: object) -> CompilePolicy:
+    return CompilePolicy(enabled=True, backend="aot_eager", **kw)  # type: ignore[arg-type]
+
+
+def _moved(batch: Batch, k: int) -> Batch:
+    g = torch.Generator().manual_seed(k)
+    return batch.replace(
+        positions=batch.positions
+        + 0.05 * torch.randn(batch.positions.shape, generator=g, dtype=batch.positions.dtype)
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode", "policy"),
+    [
+        ("mpnn", "direct", {"fullgraph": True}),
+        ("lj", "direct", {"fullgraph": True}),
+        ("lj", "autograd", {}),
+        ("mpnn", "direct", {"pad_shapes": False}),
+    ],
+    ids=["mpnn-fullgraph", "lj-direct", "lj-autograd", "mpnn-unpadded-dynamic"],
+)
+def test_compiled_core_equals_the_eager_model(kind: str, mode: str, policy: dict) -> None:
+    torch._dynamo.reset()
+    # LJ's compiled core is its torch path (the Warp backend is compiled code already)
+    backend = {"backend": "torch"} if kind == "lj" else {}
+    eager = make_model(kind, mode=mode, **backend)
+    compiled = make_model(kind, mode=mode, **backend)
+    assert compiled.compile_forward(_policy(**policy)) is True
+    batch = global_batch("two-systems-2", kind)  # a periodic and a triclinic system
+    for k in range(3):
+        moved = _moved(batch, k)
+        want, got = eager(moved), compiled(moved)
+        assert set(got) == set(want)
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=EAGER_ATOL, msg=key)
+    caps = compiled._core.capacities if compiled._core is not None else {}
+    if policy.get("pad_shapes", True):
+        assert caps[f"{kind}.atoms"] >= batch.n_atoms + 2 and caps[f"{kind}.edges"] > 0
+    else:
+        assert caps == {}
+    assert not any(p.requires_grad for p in compiled.parameters())  # forces need no weight grads
+    assert compiled.compile_forward(None) is False and compiled._core is None
+    assert all(p.requires_grad for p in compiled.parameters())  # given back
+    out = compiled(batch)  # eager again
+    torch.testing.assert_close(out["forces"], eager(batch)["forces"], rtol=0, atol=0)
+
+
+def test_a_drifting_edge_count_compiles_once_per_capacity() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = make_model("lj", backend="torch")
+    model.compile_forward(_policy())
+    batch = global_batch("periodic-2", "lj")
+    edges = set()
+    for k in range(12):  # compress the box: more edges per step
+        squeezed = batch.replace(
+            positions=batch.positions * (1 - 0.02 * k), cell=batch.cell * (1 - 0.02 * k)
+        )
+        model(squeezed)
+        edges.add(model.neighbors.candidates.n_edges if model.neighbors.candidates else 0)
+    caps = model._core.capacities if model._core is not None else {}
+    growths = model._core.padder.registry.n_reshapes if model._core and model._core.padder else -1
+    assert len(edges) >= 6  # the count drifted at nearly every step
+    assert int(counters["stats"]["unique_graphs"]) == growths  # one graph per capacity
+    assert 2 <= growths <= 4, (growths, caps)  # grew, geometrically: not at every step
+
+
+def test_the_default_hook_declines() -> None:
+    from nvdd.spec import BaseModelMixin
+
+    assert BaseModelMixin().compile_forward(_policy()) is False
+
+
+def test_lj_on_its_warp_backend_compiles_nothing() -> None:
+    """Direct forces on the Warp backend: compile_forward claims the core (so the
+    runtime does not torch.compile Warp launches) but compiles no region."""
+    model = make_model("lj")
+    assert model.compile_forward(_policy()) is True
+    assert model._core is None
+    assert model.compile_forward(None) is False
