@@ -28,6 +28,7 @@ from nvdd.partition._build import imbalance_of
 from nvdd.partition._comm import all_reduce_max, broadcast_object, reshard, resolve_group
 from nvdd.partition._gather import gather_to, gather_to_all
 from nvdd.partition._index import IndexPartitioner
+from nvdd.partition._owned import OwnedRows
 from nvdd.partition._scatter import ERRORS, build_local
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def _src_rows(
     return header, fields, dest
 
 
-class IndexShardedBatch:
+class IndexShardedBatch(OwnedRows):
     """A :class:`~nvdd.core.Batch` split over a 1-D mesh by global index.
 
     Build it with :meth:`from_batch` (scatter from one rank). Each rank holds the
@@ -147,7 +148,7 @@ class IndexShardedBatch:
     :class:`~nvdd.core.ValidationError`.
     """
 
-    __slots__ = ("_group", "_local", "_mesh", "_partitioner")
+    __slots__ = ("_partitioner",)
 
     def __init__(self, local_batch: Batch, mesh: DeviceMesh | ProcessGroup | None = None) -> None:
         group, dmesh = resolve_group(mesh)
@@ -269,48 +270,11 @@ class IndexShardedBatch:
         return new
 
     # ------------------------------------------------------------------ basics
-    @property
-    def local_batch(self) -> Batch:
-        """This rank's block (increasing atom id) and every system's fields.
-
-        Assigning replaces the rows without a check; they must stay in the same
-        order (the integrators update rows in place).
-        """
-        return self._local
-
-    @local_batch.setter
-    def local_batch(self, batch: Batch) -> None:
-        self._local = batch
 
     @property
     def partitioner(self) -> IndexPartitioner:
         """The index split (identical on every rank)."""
         return self._partitioner
-
-    @property
-    def group(self) -> ProcessGroup | None:
-        """The process group (None: the default group)."""
-        return self._group
-
-    @property
-    def mesh(self) -> DeviceMesh | None:
-        """The 1-D device mesh, when one was given."""
-        return self._mesh
-
-    @property
-    def rank(self) -> int:
-        """This rank in :attr:`group`."""
-        return get_rank(self._group)
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks in :attr:`group`."""
-        return get_world_size(self._group)
-
-    @property
-    def n_owned(self) -> int:
-        """Atoms owned by this rank."""
-        return self._local.n_atoms
 
     @property
     def n_atoms(self) -> int:

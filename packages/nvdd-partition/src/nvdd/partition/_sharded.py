@@ -26,6 +26,7 @@ from nvdd.partition._comm import (
 )
 from nvdd.partition._degenerate import empty_rank_reasons, enforce
 from nvdd.partition._gather import gather_to, gather_to_all
+from nvdd.partition._owned import OwnedRows
 from nvdd.partition._scatter import ERRORS, Header, PartitionerSource, build_local, src_header
 from nvdd.partition._spatial import SpatialPartitioner
 
@@ -61,7 +62,7 @@ class MigrationStats:
         return imbalance_of(self.owned_counts)
 
 
-class ShardedBatch:
+class ShardedBatch(OwnedRows):
     """A :class:`~nvdd.core.Batch` distributed over a 1-D mesh: each rank holds the
     atoms it owns (rows keyed by global atom id) and a copy of every system field.
 
@@ -86,7 +87,7 @@ class ShardedBatch:
     call :meth:`migrate` for that.
     """
 
-    __slots__ = ("_counts", "_group", "_last", "_local", "_mesh", "_partitioner")
+    __slots__ = ("_counts", "_last", "_partitioner")
 
     def __init__(
         self,
@@ -233,49 +234,11 @@ class ShardedBatch:
         return new
 
     # ------------------------------------------------------------------ basics
-    @property
-    def local_batch(self) -> Batch:
-        """This rank's owned atoms (in arrival order) and every system's fields.
-
-        The one owner of this rank's atom state under ``DomainParallel`` (the
-        integrator reads and writes its ``batch`` here). Assigning replaces the
-        owned rows without a check (local; :meth:`update_from_batch` checks).
-        """
-        return self._local
-
-    @local_batch.setter
-    def local_batch(self, batch: Batch) -> None:
-        self._local = batch
 
     @property
     def partitioner(self) -> SpatialPartitioner:
         """The partitioner (identical on every rank)."""
         return self._partitioner
-
-    @property
-    def group(self) -> ProcessGroup | None:
-        """The process group (None: the default group)."""
-        return self._group
-
-    @property
-    def mesh(self) -> DeviceMesh | None:
-        """The 1-D device mesh, when one was given."""
-        return self._mesh
-
-    @property
-    def rank(self) -> int:
-        """This rank in :attr:`group`."""
-        return get_rank(self._group)
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks in :attr:`group`."""
-        return get_world_size(self._group)
-
-    @property
-    def n_owned(self) -> int:
-        """Atoms owned by this rank."""
-        return self._local.n_atoms
 
     @property
     def n_atoms(self) -> int:
