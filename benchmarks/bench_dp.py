@@ -12,7 +12,9 @@ Lennard-Jones argon (FCC a = 5.26 A, cutoff 8.5 A, skin 1 A), velocity Verlet
   every ratio;
 - **raw**: nvdd's single-process ``VelocityVerlet`` + ``LennardJones`` (the Warp
   backend, half and, with ``--lj-list half full``, full neighbour lists), with
-  the peak GPU memory per atom (``torch.cuda.max_memory_allocated``);
+  the peak GPU memory per atom (``torch.cuda.max_memory_allocated``); steady
+  steps are replayed from a CUDA graph (the default; ``--graphs on off`` also
+  times them eagerly);
 - **DomainParallel** on each world size of ``--worlds`` (one process per rank:
   gloo on CPU, NCCL on CUDA), with the share of each step spent in halo
   exchange, fold, migration and plan builds (rank 0);
@@ -261,8 +263,10 @@ def raw(
     dtype_name: str,
     model: str = "lj",
     half_list: bool = True,
+    graphs: bool = True,
 ) -> dict[str, Any]:
-    """The single-process integrator without any DD wrapper."""
+    """The single-process integrator without any DD wrapper (``graphs``: steady
+    steps replayed from a CUDA graph where they can be)."""
     from nvdd.dynamics import VelocityVerlet
 
     global MODEL
@@ -270,7 +274,10 @@ def raw(
     dtype = getattr(torch, dtype_name)
     _reset_memory(device)
     dyn = VelocityVerlet(
-        _model(device, dtype, half_list), _system(cells, device, dtype), dt_fs=DT_FS
+        _model(device, dtype, half_list),
+        _system(cells, device, dtype),
+        dt_fs=DT_FS,
+        cuda_graphs=graphs,
     )
     dyn.run(warmup)
     _sync(device)
@@ -283,6 +290,7 @@ def raw(
         "atoms": dyn.batch.n_atoms,
         "peak_bytes": _peak(device),
         "energy": float(dyn.batch.energy.sum()),
+        "replays": dyn.graphs.replays,
     }
     search = getattr(dyn.model, "device_neighbors", None)
     if search is not None and MODEL == "lj":
@@ -300,6 +308,7 @@ def dd(
     dtype_name: str,
     model: str = "lj",
     halo: bool = False,
+    graphs: bool = True,
 ) -> dict[str, Any]:
     """DomainParallel on the ranks of the current process group.
 
@@ -319,7 +328,7 @@ def dd(
         device = f"cuda:{torch.cuda.current_device()}"
     _reset_memory(device)
     batch = _system(cells, device, dtype) if rank == 0 else _system(1, device, dtype)
-    dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=DT_FS)
+    dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=DT_FS, cuda_graphs=graphs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = DomainConfig(cutoff=CUTOFF[MODEL], skin=SKIN, halo_on_one_rank=halo)
@@ -334,7 +343,8 @@ def dd(
             _sync(device)
             dist.barrier()
             elapsed = time.perf_counter() - t0
-            dp.model.sync_timings = True
+            replays = dyn.graphs.replays
+            dp.model.sync_timings = True  # (synchronised timers: eager steps)
             for k in dp.stats.seconds:
                 dp.stats.seconds[k] = 0.0
             n_share = max(5, min(steps, 20))
@@ -352,6 +362,7 @@ def dd(
         "owned": counts,
         "ghosts_rank0": ghosts,
         "peak_bytes": _peak(device),
+        "replays": replays,
     }
 
 
@@ -413,6 +424,9 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
             + "".join(f"{100 * shares.get(c, 0.0):>8.1f}%" for c in cols)
         )
     one = next((r for r in rows if r["run"] == "DomainParallel" and r["ranks"] == 1), None)
+    replayed = [f"{r['run']} {r['replays']}" for r in rows if r.get("replays")]
+    if replayed:
+        print("steps replayed from a CUDA graph: " + ", ".join(replayed))
     if one is not None and raw_row is not None:
         print(
             f"DD wrapper overhead at 1 rank: {100 * (one['ms_per_step'] / raw_row['ms_per_step'] - 1):+.1f}%"
@@ -438,6 +452,9 @@ def main() -> None:
     p.add_argument("--lj-list", nargs="+", default=["half"], choices=["half", "full"],
                    help="neighbour lists of the raw LJ legs (Warp backend)")  # fmt: skip
     p.add_argument("--no-peer", action="store_true", help="skip the nvalchemi-toolkit-ops leg")
+    p.add_argument("--graphs", nargs="+", default=["on"], choices=["on", "off"],
+                   help="raw and DomainParallel legs with steady steps replayed from a CUDA "
+                   "graph (on, the default), eagerly (off), or both")  # fmt: skip
     p.add_argument("--largest", action="store_true",
                    help="double the raw LJ system until out of memory (first --dtype)")  # fmt: skip
     p.add_argument("--start-cells", type=int, default=100, help="--largest: first size")
@@ -480,29 +497,37 @@ def main() -> None:
                             {"run": "peer (sync/step)" if sync_each else "peer", "ranks": 1, **res}
                         )
                 lists = args.lj_list if args.model == "lj" else ["half"]
-                for kind in lists:
-                    res = raw(
-                        cells,
-                        args.steps,
-                        args.warmup,
-                        args.device,
-                        dtype,
-                        args.model,
-                        kind == "half",
-                    )
-                    label = f"raw ({kind} list)" if args.model == "lj" else "raw"
-                    rows.append({"run": label, "ranks": 1, **res})
+                modes = [g == "on" for g in args.graphs]
+                for graphs in modes:
+                    tag = "" if graphs or len(modes) == 1 else ", eager"
+                    for kind in lists:
+                        res = raw(
+                            cells,
+                            args.steps,
+                            args.warmup,
+                            args.device,
+                            dtype,
+                            args.model,
+                            kind == "half",
+                            graphs,
+                        )
+                        label = f"raw ({kind} list{tag})" if args.model == "lj" else f"raw{tag}"
+                        rows.append({"run": label, "ranks": 1, "graphs": graphs, **res})
                 backend = "nccl" if args.device == "cuda" else "gloo"
                 for world in args.worlds:
                     per_rank = max(1, threads // world)
-                    for halo in (False, True) if world == 1 else (False,):
-                        res = spawn_ranks(
-                            dd, world, cells, args.steps, args.warmup, args.device, dtype,
-                            args.model, halo, backend=backend, timeout_s=1800,
-                            threads_per_rank=per_rank, start_method="spawn",
-                        )[0]  # fmt: skip
-                        label = "DomainParallel (halo forced)" if halo else "DomainParallel"
-                        rows.append({"run": label, "ranks": world, **res})
+                    for graphs in modes if world == 1 else modes[:1]:
+                        tag = "" if graphs or len(modes) == 1 else " eager"
+                        for halo in (False, True) if world == 1 else (False,):
+                            if halo and not graphs:
+                                continue  # (a halo step is never captured)
+                            res = spawn_ranks(
+                                dd, world, cells, args.steps, args.warmup, args.device, dtype,
+                                args.model, halo, graphs, backend=backend, timeout_s=1800,
+                                threads_per_rank=per_rank, start_method="spawn",
+                            )[0]  # fmt: skip
+                            label = "DomainParallel" + (" (halo forced)" if halo else tag)
+                            rows.append({"run": label, "ranks": world, "graphs": graphs, **res})
                 atoms = rows[0]["atoms"] if rows else 4 * cells**3
                 if args.model == "lj":
                     times = builds(cells, args.device, dtype)

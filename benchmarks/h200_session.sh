@@ -3,7 +3,8 @@
 # Usage (repository root, after the warp parts were installed into /tmp/site):
 #   bash benchmarks/h200_session.sh PHASE OUTDIR
 # PHASE: lj (GPU tests, NCCL suite at 1 rank, LJ vs the peer, largest LJ),
-#        models (MPNN, MACE, PME, ensembles, compile), or a single benchmark name.
+#        models (MPNN, MACE, PME, ensembles, compile), graphs (CUDA-graph tests and
+#        LJ 131k / 1M with steady steps replayed and eager), or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
 out="${2:-/tmp/nvdd-h200}"
@@ -82,6 +83,15 @@ models4)
   step "MACE medium fp32 and fp64 at 4,096 and 8,192 atoms"
   timeout 300 python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --start-cells 16 \
     --doublings 1 --steps 5 --warmup 2 --dtypes float64 float32 --json "$out/mace_small.json" 2>&1 | quiet
+  ;;
+graphs)
+  step "CUDA-graph tests: replayed steps equal eager steps on the GPU"
+  timeout 240 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short integration_tests/test_it_cuda_graphs.py packages/nvdd-models/tests/test_models_lj_warp.py \
+    2>&1 | tail -12
+  step "LJ 131k and 1M: peer, raw and DomainParallel at 1 GPU, steady steps replayed and eager"
+  timeout 520 python3 benchmarks/bench_dp.py --device cuda --cells 32 63 --dtype float32 float64 \
+    --graphs on off --steps 200 --warmup 30 --worlds 1 --json "$out/graphs.json" 2>&1 | quiet
   ;;
 *)
   step "$phase"

@@ -8,12 +8,13 @@ distributed force provider, a mesh-wide :class:`Reducer`, and its hook runner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.dynamics._graph_step import StepGraphs
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 
 __all__ = [
@@ -120,6 +121,11 @@ class ModelForceProvider:
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         return batch, self.model(batch)
 
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """The model's ``graph_key(batch)`` (None when it has none)."""
+        key = getattr(self.model, "graph_key", None)
+        return key(batch) if key is not None else None
+
 
 HookRunner = Callable[["BaseDynamics", HookStage, list[Hook]], None]
 
@@ -149,6 +155,11 @@ class BaseDynamics:
         Time step in femtoseconds.
     hooks:
         Initial hooks.
+    cuda_graphs:
+        Capture steady steps in a CUDA graph and replay them where the
+        integrator, the force provider and the model allow it (see
+        :class:`~nvdd.dynamics.StepGraphs`); default ``$NVDD_CUDA_GRAPHS`` or
+        on. The counters are in :attr:`graphs`.
     """
 
     def __init__(
@@ -158,6 +169,7 @@ class BaseDynamics:
         *,
         dt_fs: float = 1.0,
         hooks: Iterable[Hook] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
         if not dt_fs > 0:
             raise ConfigurationError(f"dt_fs must be positive, got {dt_fs!r}")
@@ -182,6 +194,8 @@ class BaseDynamics:
         #: DomainParallel), so a rank stuck in a hook falls behind the others.
         self.heartbeat: Callable[[int, str], None] | None = None
         self._forces_ready = False
+        #: Capture and replay of steady steps (CUDA graphs).
+        self.graphs = StepGraphs(self, cuda_graphs)
 
     # ---------------------------------------------------------------- state
     @property
@@ -265,6 +279,14 @@ class BaseDynamics:
         self.outputs = outputs
         self._forces_ready = True
 
+    def graph_key(self) -> Hashable | None:
+        """Host state a CUDA-graph capture of ``pre_update`` / ``compute`` /
+        ``post_update`` would bake in (e.g. the time step); ``None`` (the
+        default): this integrator's steps are never captured. An integrator that
+        opts in updates its state in place on the device and makes no host
+        decision in those stages."""
+        return None
+
     def is_converged(self) -> bool:
         """Convergence check after each step (MD integrators never converge)."""
         return False
@@ -278,15 +300,16 @@ class BaseDynamics:
         """One step with every hook stage."""
         self.ensure_forces()
         self._fire(HookStage.BEFORE_STEP)
-        self._fire(HookStage.BEFORE_PRE_UPDATE)
-        self.pre_update()
-        self._fire(HookStage.AFTER_PRE_UPDATE)
-        self._fire(HookStage.BEFORE_COMPUTE)
-        self.compute()
-        self._fire(HookStage.AFTER_COMPUTE)
-        self._fire(HookStage.BEFORE_POST_UPDATE)
-        self.post_update()
-        self._fire(HookStage.AFTER_POST_UPDATE)
+        if not self.graphs.run_step():  # a replay of the captured middle, when steady
+            self._fire(HookStage.BEFORE_PRE_UPDATE)
+            self.pre_update()
+            self._fire(HookStage.AFTER_PRE_UPDATE)
+            self._fire(HookStage.BEFORE_COMPUTE)
+            self.compute()
+            self._fire(HookStage.AFTER_COMPUTE)
+            self._fire(HookStage.BEFORE_POST_UPDATE)
+            self.post_update()
+            self._fire(HookStage.AFTER_POST_UPDATE)
         self.step_count += 1
         self._fire(HookStage.AFTER_STEP)
         if self.is_converged():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,7 +30,9 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     ValidationError,
+    after_replay,
     all_reduce,
+    capturing,
     comm_device,
     count_collectives,
     get_rank,
@@ -313,10 +315,14 @@ class DistributedModel:
         sharded = self.sharded
         if batch is not sharded.local_batch:  # a caller that keeps its own batch
             sharded.local_batch = batch
-        self.stats.calls += 1
         t0 = time.perf_counter()
         compiling = self.stats.compile_mode != CompileMode.OFF.value
         graphs = compiled_graphs() if compiling else 0
+        if self._whole and capturing():  # a CUDA-graph capture (see graph_key)
+            flag = nonfinite_flag(batch)  # recomputed by every replay
+            after_replay(lambda: self._replayed_whole(flag))
+            return batch, self._forward_whole(batch, t0)
+        self.stats.calls += 1
         if self._whole:  # one rank: the model on the whole batch, its own pbc
             self._finite.push(batch)  # no decision to make: no host sync either
             if self._finite.poll():
@@ -335,6 +341,28 @@ class DistributedModel:
             self.stats.compiles += compiled_graphs() - graphs
             self.stats.last_compile_call = self.stats.calls
         return local, outputs
+
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """Whether a step through this provider may be captured in a CUDA graph
+        (``nvdd.dynamics.StepGraphs``): only a world of one running the model on
+        the whole batch (a multi-rank step decides migrations on the host),
+        uncompiled, without collective counting or synchronised timers, and only
+        when the model opts in (its ``graph_key(batch)``)."""
+        if not self._whole or self.count or self.sync_timings:
+            return None
+        if self.stats.compile_mode != CompileMode.OFF.value:
+            return None
+        key = getattr(self.model, "graph_key", None)
+        inner = key(batch) if key is not None else None
+        return None if inner is None else ("whole batch", inner)
+
+    def _replayed_whole(self, flag: torch.Tensor) -> bool:
+        """After a replay: count the call and queue its non-finite flag."""
+        self.stats.calls += 1
+        self._finite.push_flag(flag)
+        if self._finite.poll():
+            self.check_finite()
+        return True
 
     def request_rebuild(self) -> None:
         """Migrate and rebuild the halo plan at the next call, whatever moved.

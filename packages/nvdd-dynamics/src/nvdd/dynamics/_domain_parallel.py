@@ -196,6 +196,7 @@ class DomainParallel:
         self.model.attach(state)
         self._sharded = state
         dyn = self.dynamics
+        dyn.graphs.drop("DomainParallel.partition")  # a captured step used the old wiring
         dyn.attach_state(state)  # the integrator's batch IS the sharded batch from now on
         dyn.force_provider = self.model
         dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
@@ -379,6 +380,7 @@ class DomainParallel:
             self.model.detach()
         finally:
             dyn = self.dynamics
+            dyn.graphs.drop("DomainParallel.close")
             dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
             dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
             dyn.heartbeat = None

@@ -46,7 +46,10 @@ class LazyFiniteCheck:
 
     def push(self, batch: Batch) -> None:
         """Queue this step's flag (no synchronisation)."""
-        flag = nonfinite_flag(batch)
+        self.push_flag(nonfinite_flag(batch))
+
+    def push_flag(self, flag: torch.Tensor) -> None:
+        """Queue a flag computed elsewhere (e.g. by a replayed CUDA graph)."""
         if flag.device.type == "cuda":
             host = torch.empty((), dtype=torch.int32, pin_memory=True)
             host.copy_(flag, non_blocking=True)

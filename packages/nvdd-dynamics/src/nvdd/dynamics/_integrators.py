@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import torch
@@ -44,6 +44,11 @@ class VelocityVerlet(BaseDynamics):
     (see :class:`BaseDynamics`), so a caller's batch is never modified, but a
     hook that keeps ``ctx.batch.positions`` beyond the call must clone it.
     """
+
+    def graph_key(self) -> Hashable | None:
+        """Its steps may be captured (in-place updates, no host decision); the
+        time step is baked in."""
+        return ("velocity-verlet", self.dt_fs)
 
     def pre_update(self) -> None:
         b = self.batch

@@ -37,6 +37,12 @@ class FlagMirror:
 
     values: Any
 
+    @property
+    def busy(self) -> bool:
+        """Whether a copy was started and not yet seen arrive (a new :meth:`start`
+        would replace it: a host far ahead of the device would never see one land)."""
+        return False
+
     def start(self) -> None:
         """Begin copying the flags to the host."""
         raise NotImplementedError
@@ -70,6 +76,11 @@ class PinnedMirror(FlagMirror):  # pragma: no cover - CUDA only (its logic: test
         self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._pending = False
         self.values = host_words(self._pinned)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the last copy has not been seen to arrive yet."""
+        return self._pending
 
     def start(self) -> None:
         """Enqueue the copy on the current stream and record its completion."""

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import ValidationError, get_rank
+from nvdd.core import CaptureError, ValidationError, after_replay, capturing, get_rank
 from nvdd.models import _cell_kernels as ck
 from nvdd.models._checks import check_geometry, check_positive, check_receivers, config_error, fail
 from nvdd.models._device_buffers import (
@@ -310,7 +310,7 @@ class DeviceVerletList:
         pos = positions.detach()
         cell_d = cell.detach()
         state = self._state
-        if state is not None:
+        if state is not None and not capturing():  # (a replay polls after it: _replayed)
             self._poll(state, wait=False)
         key = (n_atoms, n_systems, pos.dtype, pos.device, n_recv, topology)
         force = state is None or state.key != key or self._regrow > 0
@@ -346,6 +346,13 @@ class DeviceVerletList:
             state=state,
         )
 
+    @property
+    def graph_token(self) -> tuple[int, int, int]:
+        """Changes whenever the list's buffers may have moved (a host-side
+        rebuild, a reset, a new capacity): a captured step that used the old
+        ones must be dropped."""
+        return (id(self._state), self.host_rebuilds, self._capacity)
+
     def poll(self, *, wait: bool = True) -> None:
         """Read the flags now (``wait``: synchronise) and raise or regrow as a call would."""
         if self._state is not None:
@@ -363,6 +370,19 @@ class DeviceVerletList:
         track: bool,
     ) -> None:
         """Launch the check and the build chain; host-side rebuilds size the matrix."""
+        if capturing():  # a step capture: the device decides everything (see the notes)
+            if force:
+                raise CaptureError(
+                    "DeviceVerletList: this call rebuilds on the host (a new shape, pbc, "
+                    "topology or capacity): not a steady step to capture"
+                )
+            self._call = (self._call + 1) & 0x3FFFFFFF
+            # The call number is frozen in the graph: clear the request of a previous
+            # replay so that a replay rebuilds only when its own check asks for it.
+            state.flags[ck.F_REBUILD].zero_()
+            self._launch_chain(state, pos, cell, system_index, force=False, track=track)
+            after_replay(lambda: self._replayed(state))
+            return
         self.host_rebuilds += int(force)
         while True:
             self._call = (self._call + 1) & 0x3FFFFFFF
@@ -405,7 +425,8 @@ class DeviceVerletList:
                 dev, dtype,
             )  # fmt: skip
             local = state.local
-            if self.skip_idle_launches and local is not None and local[ck.F_REBUILD] != call:
+            idle = self.skip_idle_launches and not capturing()  # a replay decides on the device
+            if idle and local is not None and local[ck.F_REBUILD] != call:
                 return
         f = int(force)
         table = int(state.slot_key.shape[0])
@@ -440,12 +461,25 @@ class DeviceVerletList:
         )  # fmt: skip
 
     def _after_call(self, state: SearchState) -> None:
-        """Start the copy of the flags to the host; read it if it is there (CPU)."""
-        state.mirror.start()
+        """Start a copy of the flags to the host unless one is still on its way;
+        read the copy if it has arrived (on CPU: at once)."""
+        if not state.mirror.busy:
+            state.mirror.start()
         if state.mirror.ready(wait=False):
             self._inspect(state, state.mirror.values)
 
+    def _replayed(self, state: SearchState) -> bool:
+        """After a replay of a captured call: the per-call host work (read the
+        flags when they arrive); False once the graph no longer fits this list
+        (it must grow, or an error dropped it)."""
+        if self._state is not state:
+            return False
+        self._after_call(state)
+        return self._state is state and self._regrow == 0 and self.pending_error is None
+
     def _poll(self, state: SearchState, *, wait: bool) -> None:
+        if capturing():  # a CUDA event query ends a capture (cudaErrorStreamCaptureInvalidated)
+            raise CaptureError("DeviceVerletList: flags polled inside a step capture")
         if state.mirror.ready(wait):
             self._inspect(state, state.mirror.values)
 

@@ -24,12 +24,12 @@ dropped), and a CSR kernel that reads one cell for the whole batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ModelOutputs
+from nvdd.core import Batch, ModelOutputs, ValidationError
 from nvdd.models._cell_kernels import MAX_SYSTEMS
 from nvdd.models._checks import fail
 from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
@@ -349,6 +349,21 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         return out
 
     # ------------------------------------------------------------ Warp path
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """A token for a CUDA-graph capture of :meth:`forward` (see
+        ``BaseModelMixin.graph_key``): only the Warp path outside a DD context
+        is capturable (its neighbour list decides on the device); the token
+        follows the list's buffers and the parameter tables."""
+        if self._core is not None or current_dd_context().layout is not None:
+            return None
+        try:
+            if not self._warp_applies(batch):
+                return None
+        except ValidationError:
+            return None
+        tables = tuple(id(t) for found in self._warp._tables.values() for t in found)
+        return ("lennard-jones", id(self), self._warp.neighbors.graph_token, tables)
+
     def _warp_applies(self, batch: Batch) -> bool:
         """Whether this call takes the Warp path (a ValidationError for an explicit
         ``LJBackend.WARP`` that does not apply)."""

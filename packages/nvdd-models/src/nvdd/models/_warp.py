@@ -5,7 +5,9 @@
 and replays it, resetting only the arguments that changed since the last call
 (a replay costs a few microseconds of Python, a fresh ``wp.launch`` about five
 times more). Launches go to torch's current stream on CUDA, so they order with
-the surrounding torch work (and can be captured in a CUDA graph).
+the surrounding torch work (and can be captured in a CUDA graph); inside an
+emulated capture (``nvdd.core.EmulatedStepGraph``) each launch is also
+registered for replay.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import ConfigurationError
+from nvdd.core import ConfigurationError, capturing, record_launch
 
 __all__ = ["Kernel", "declare_overloads", "warp_module"]
 
@@ -154,6 +156,8 @@ class Kernel:
             launch.launch(stream=_stream(torch.cuda.current_stream(device)))
         else:
             launch.launch()
+        if capturing():  # an emulated step capture replays this launch (a CUDA one records it)
+            record_launch(_relaunch(wp, self._kernel, dim, values, device))
 
 
 #: Warp kernels whose overloads are declared (module-level kernels: never freed).
@@ -164,6 +168,19 @@ def declare_overloads(*kernels: Kernel) -> None:
     """Declare the float overloads of ``kernels`` (before the first launch of their module)."""
     for kernel in kernels:
         kernel.declare_overloads()
+
+
+def _relaunch(
+    wp: Any, kernel: Any, dim: int | tuple[int, ...], values: list[object], device: torch.device
+) -> Any:
+    """A fresh launch of ``kernel`` with these arguments (for an emulated capture)."""
+    args = list(values)
+
+    def launch() -> None:
+        wp.launch(kernel, dim=dim, inputs=[_to_warp(wp, v) for v in args],
+                  device=wp.device_from_torch(device))  # fmt: skip
+
+    return launch
 
 
 def _to_warp(wp: Any, value: object) -> object:

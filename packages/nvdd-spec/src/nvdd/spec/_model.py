@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs
@@ -66,6 +67,19 @@ class BaseModelMixin:
         graph breaks at whatever Dynamo cannot trace).
         """
         return False
+
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """Whether :meth:`forward` on ``batch`` may be captured in a CUDA graph.
+
+        ``None`` (the default): never; the integrators then run every step
+        eagerly. A model that opts in returns a token that changes whenever a
+        capture of its forward would no longer replay correctly (its buffers
+        moved, a host-side decision changed); it then does no host
+        synchronisation in a steady call, keeps its buffers at fixed addresses,
+        and moves per-call host work to :func:`nvdd.core.after_replay`
+        (see :mod:`nvdd.core._capture`).
+        """
+        return None
 
     def distributed_setup(self, ctx: Any) -> None:
         """Called when a distributed scope opens with this model (default: nothing)."""

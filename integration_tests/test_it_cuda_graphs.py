@@ -1,0 +1,206 @@
+"""Captured steps (CUDA graphs) on the CPU, through ``nvdd.core.emulated_capture``.
+
+The emulation replays exactly the recorded device work on the recorded tensors
+(see ``nvdd.core._capture``), so these tests see what a CUDA graph replays: a
+host decision baked into the capture, a tensor rebound after it, a stale input.
+Every run is compared with the same run stepped eagerly.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+from it_systems import crystal, lj_model
+
+from nvdd.core import Batch, ValidationError, emulated_capture
+from nvdd.dynamics import WARMUP_STEPS, DomainConfig, DomainParallel, HookStage, VelocityVerlet
+from nvdd.testing import run_ranks
+
+pytestmark = pytest.mark.gloo
+
+
+def _hot(kind: str = "periodic") -> Batch:
+    return crystal(kind, temperature_k=2500.0, seed=4)
+
+
+def _trajectory(
+    batch: Batch,
+    steps: int,
+    *,
+    graphs: bool,
+    hooks: bool = False,
+    squeeze_at: int | None = None,
+    dp: bool = False,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, Any]:
+    model = lj_model(dtype).to(device)
+    batch = batch.clone().to(device=device, dtype=dtype)  # a hook below changes the cell in place
+    dyn = VelocityVerlet(model, batch, dt_fs=2.0, cuda_graphs=graphs)
+    seen: list[tuple[int, float]] = []
+    if hooks:  # a hook after the step (replays go on) and one inside it (an eager step)
+        dyn.register_hook(
+            HookStage.AFTER_STEP,
+            lambda ctx: seen.append((ctx.step, float(ctx.batch.energy.sum()))),
+            every=7,
+            needs=("energy",),
+        )
+        dyn.register_hook(HookStage.BEFORE_COMPUTE, lambda ctx: None, every=25)
+    if squeeze_at is not None:
+
+        def squeeze(ctx: Any) -> None:  # in place: the same tensors, denser values
+            if ctx.step == squeeze_at:
+                ctx.batch.positions.mul_(0.8)
+                ctx.batch.cell.mul_(0.8)
+
+        dyn.register_hook(HookStage.BEFORE_STEP, squeeze)
+    if device == "cuda":  # the host waits for each step: flags land at the same step each run
+        dyn.register_hook(HookStage.AFTER_STEP, lambda ctx: torch.cuda.synchronize())
+    runner: Any = dyn
+    if dp:
+        runner = DomainParallel(dyn, DomainConfig(cutoff=model.cutoff, skin=0.5))
+        runner.partition(batch)
+    # on CPU the emulation; on CUDA real graphs
+    with emulated_capture() if device == "cpu" else nullcontext():
+        runner.run(steps)
+    final = runner.to_global() if dp else dyn.batch
+    order = torch.argsort(final.atom_ids)
+    out = {
+        "positions": final.positions[order].clone(),
+        "velocities": final.velocities[order].clone(),
+        "forces": final.forces[order].clone(),
+        "energy": final.energy.clone(),
+        "seen": seen,
+        "captures": dyn.graphs.captures,
+        "replays": dyn.graphs.replays,
+        "drops": dyn.graphs.drops,
+        "host_rebuilds": model.device_neighbors.host_rebuilds,
+        "device_builds": model.device_neighbors.n_builds,
+    }
+    if dp:
+        out["calls"] = runner.stats.calls
+        runner.close()
+    return out
+
+
+def _assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for key in ("positions", "velocities", "forces", "energy"):
+        torch.testing.assert_close(a[key], b[key], rtol=1e-13, atol=1e-13, msg=key)
+
+
+@pytest.mark.parametrize("kind", ["periodic", "triclinic", "cluster"])
+def test_replayed_steps_equal_eager_steps(kind: str) -> None:
+    batch = _hot(kind)
+    eager = _trajectory(batch, 60, graphs=False)
+    graphed = _trajectory(batch, 60, graphs=True)
+    _assert_same(graphed, eager)
+    assert eager["captures"] == 0
+    assert graphed["captures"] == 1 and graphed["replays"] == 60 - WARMUP_STEPS
+    # the list was rebuilt on the device during replays, never on the host after the first
+    assert graphed["device_builds"] == eager["device_builds"] > 1
+    assert graphed["host_rebuilds"] == 1
+
+
+def test_hooks_around_replays_and_eager_steps_inside() -> None:
+    batch = _hot()
+    eager = _trajectory(batch, 60, graphs=False, hooks=True)
+    graphed = _trajectory(batch, 60, graphs=True, hooks=True)
+    _assert_same(graphed, eager)
+    assert graphed["seen"] == eager["seen"] != []
+    # steps 25 and 50 ran eagerly (a hook inside the step), then the run captured again
+    assert graphed["captures"] == 3 and graphed["drops"] == 2
+
+
+def test_a_list_that_must_grow_drops_the_graph_and_grows_on_the_host() -> None:
+    batch = _hot()
+    eager = _trajectory(batch, 40, graphs=False, squeeze_at=20)
+    graphed = _trajectory(batch, 40, graphs=True, squeeze_at=20)
+    _assert_same(graphed, eager)
+    assert graphed["host_rebuilds"] == eager["host_rebuilds"] == 2
+    assert graphed["drops"] == 1 and graphed["captures"] == 2
+
+
+def test_non_finite_values_in_a_replayed_step_raise() -> None:
+    dyn = VelocityVerlet(lj_model(), _hot(), dt_fs=2.0, cuda_graphs=True)
+
+    def poison(ctx: Any) -> None:
+        if ctx.step == 10:
+            ctx.batch.velocities[3, 0] = float("nan")
+
+    dyn.register_hook(HookStage.BEFORE_STEP, poison)
+    with emulated_capture(), pytest.raises(ValidationError, match="NaN or infinite"):
+        dyn.run(30)
+    assert dyn.graphs.captures == 1 and not dyn.graphs.active
+
+
+def _dp_case(graphs: bool) -> dict[str, Any]:
+    return _trajectory(_hot(), 50, graphs=graphs, dp=True, hooks=True)
+
+
+def test_domain_parallel_on_one_rank_replays_the_whole_batch_step() -> None:
+    (eager,) = run_ranks(_dp_case, 1, False)
+    (graphed,) = run_ranks(_dp_case, 1, True)
+    _assert_same(graphed, eager)
+    assert graphed["seen"] == eager["seen"] != []
+    assert graphed["captures"] >= 1 and graphed["replays"] > 30
+    assert graphed["calls"] == eager["calls"]  # replays count their force calls
+
+
+def _dp_two() -> dict[str, Any]:
+    return _trajectory(_hot(), 20, graphs=True, dp=True)
+
+
+def test_domain_parallel_on_two_ranks_never_captures() -> None:
+    for out in run_ranks(_dp_two, 2):
+        assert out["captures"] == 0 and out["replays"] == 0
+
+
+# ------------------------------------------------------------- on a GPU
+def _close(dtype: torch.dtype) -> dict[str, float]:
+    # eager runs differ from each other by the atomics' summation order too
+    return {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-4}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_cuda_graph_replays_equal_eager_steps_on_a_gpu(dtype: torch.dtype) -> None:
+    batch = _hot()
+    for kw in ({}, {"hooks": True}, {"squeeze_at": 20}):
+        eager = _trajectory(batch, 60, graphs=False, device="cuda", dtype=dtype, **kw)
+        graphed = _trajectory(batch, 60, graphs=True, device="cuda", dtype=dtype, **kw)
+        for key in ("positions", "velocities", "forces", "energy"):
+            torch.testing.assert_close(graphed[key], eager[key], **_close(dtype), msg=f"{kw} {key}")
+        assert graphed["replays"] > 30, kw
+        assert graphed["host_rebuilds"] == eager["host_rebuilds"], kw
+        assert graphed["device_builds"] > 1, kw
+
+
+@pytest.mark.gpu
+def test_non_finite_values_in_a_cuda_graph_replay_raise() -> None:
+    dyn = VelocityVerlet(lj_model().to("cuda"), _hot().to("cuda"), dt_fs=2.0, cuda_graphs=True)
+
+    def poison(ctx: Any) -> None:
+        if ctx.step == 10:
+            ctx.batch.velocities[3, 0] = float("nan")
+
+    dyn.register_hook(HookStage.BEFORE_STEP, poison)
+    with pytest.raises(ValidationError, match="NaN or infinite"):
+        dyn.run(200)
+    assert dyn.graphs.captures == 1
+
+
+def _dp_cuda(graphs: bool) -> dict[str, Any]:
+    out = _trajectory(_hot(), 50, graphs=graphs, dp=True, hooks=True, device="cuda")
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+@pytest.mark.gpu
+def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step() -> None:
+    (eager,) = run_ranks(_dp_cuda, 1, False, backend="nccl", start_method="spawn")
+    (graphed,) = run_ranks(_dp_cuda, 1, True, backend="nccl", start_method="spawn")
+    for key in ("positions", "velocities", "forces", "energy"):
+        torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
+    assert graphed["replays"] > 30 and graphed["calls"] == eager["calls"]

@@ -1,0 +1,264 @@
+"""Step capture: a CUDA graph of one step, and a CPU emulation of its semantics.
+
+A captured step is host code run once while its device work is recorded; a
+replay reruns that device work on the *same memory* with the *same arguments*
+and none of the host code. Components called inside a capture therefore must:
+
+- do no host synchronisation and make no host decision that a later step could
+  decide differently (decide on the device instead);
+- keep the buffers they read and write at fixed addresses between replays;
+- move their per-call host work (reading flags, counters) to
+  :func:`after_replay`, which runs it after every replay. Such a callback
+  returns False when the captured work no longer matches the host's state
+  (e.g. a neighbour list must grow): the owner of the graph then drops it and
+  runs the next step eagerly;
+- raise :class:`CaptureError` when asked to capture a call that is not steady
+  (e.g. a host-side rebuild).
+
+:func:`capturing` tells them whether a capture is in progress.
+
+Two backends implement :class:`StepGraph`: :class:`CudaStepGraph`
+(``torch.cuda.CUDAGraph``) and :class:`EmulatedStepGraph`, which runs on any
+device: its capture executes the step while a ``TorchDispatchMode`` records
+every tensor operation with the tensors it received and returned, and a replay
+reruns the recorded operations on those tensors (results copied into the
+recorded outputs, so addresses stay fixed, exactly as a graph's do). External
+kernels (Warp) register their launches with :func:`record_launch`. So a CPU test
+sees what a CUDA graph would replay: a host-side branch baked into the capture,
+a tensor rebound in Python after the capture, or a host synchronisation inside
+it (raised as :class:`CaptureError`). One blind spot: ``tolist()`` and
+``numpy()`` of a CPU tensor read its memory without a torch operation, so the
+emulation cannot see them (the no-host-sync guard tests count those).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from nvdd.core._errors import NvddError
+
+__all__ = [
+    "CaptureError",
+    "CudaStepGraph",
+    "EmulatedStepGraph",
+    "StepGraph",
+    "after_replay",
+    "capturing",
+    "emulated_capture",
+    "make_step_graph",
+    "record_launch",
+]
+
+
+class CaptureError(NvddError, RuntimeError):
+    """A step could not be captured (not steady, or it synchronises the host)."""
+
+
+class StepGraph(Protocol):
+    """One captured step: :meth:`capture` once, then :meth:`replay` per step."""
+
+    #: Whether :meth:`capture` also performs the step (the emulation does; a CUDA
+    #: capture only records, so the step is replayed once after it).
+    executes_on_capture: bool
+
+    def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
+        """Record ``body``; returns the :func:`after_replay` callbacks it registered."""
+        ...
+
+    def replay(self) -> None:
+        """Rerun the recorded device work."""
+        ...
+
+
+class _Active:
+    def __init__(self, recorder: _Recorder | None) -> None:
+        self.callbacks: list[Callable[[], bool]] = []
+        self.recorder = recorder
+
+
+_local = threading.local()
+
+
+def _active() -> _Active | None:
+    return getattr(_local, "active", None)
+
+
+def capturing() -> bool:
+    """Whether a step is being captured on this thread (CUDA graph or emulation)."""
+    return _active() is not None
+
+
+def after_replay(fn: Callable[[], bool]) -> None:
+    """Run ``fn`` after every replay of the step being captured.
+
+    ``fn`` returns False when the graph must be dropped (the next step then runs
+    eagerly). Only valid inside a capture (:func:`capturing`).
+    """
+    active = _active()
+    if active is None:
+        raise CaptureError("after_replay() called outside a step capture")
+    active.callbacks.append(fn)
+
+
+def record_launch(replay: Callable[[], None]) -> None:
+    """Register an external kernel launch (not a torch operation) with an emulated
+    capture: ``replay`` relaunches it with the arguments of this call. A CUDA
+    capture records launches on its stream by itself: nothing to do there."""
+    active = _active()
+    if active is not None and active.recorder is not None:
+        active.recorder.ops.append(replay)
+
+
+@contextmanager
+def _activate(recorder: _Recorder | None) -> Iterator[_Active]:
+    if _active() is not None:
+        raise CaptureError("a step capture is already in progress on this thread")
+    active = _Active(recorder)
+    _local.active = active
+    try:
+        yield active
+    finally:
+        _local.active = None
+
+
+class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStepGraph)
+    """A ``torch.cuda.CUDAGraph`` of one step (captured on a side stream)."""
+
+    executes_on_capture = False
+
+    def __init__(self) -> None:
+        self._graph = torch.cuda.CUDAGraph()
+
+    def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
+        with _activate(None) as active:
+            try:
+                with torch.cuda.graph(self._graph):
+                    body()
+            except CaptureError:
+                raise
+            except RuntimeError as exc:
+                raise CaptureError(f"CUDA graph capture failed: {exc}") from exc
+            return active.callbacks
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+
+#: Operations that read a device value on the host (or have data-dependent
+#: shapes): a CUDA graph cannot hold them.
+_HOST_READS = frozenset(
+    name
+    for name in (
+        "_local_scalar_dense",
+        "nonzero",
+        "is_nonzero",
+        "equal",
+        "unique_consecutive",
+        "_unique2",
+        "masked_select",
+        "item",
+    )
+)
+
+
+def _op_name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return str(getattr(packet, "__name__", getattr(func, "__name__", str(func))))
+
+
+class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Executes and records every tensor operation (see the module notes)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[Callable[[], None]] = []
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = _op_name(func)
+        if name in _HOST_READS:
+            raise CaptureError(
+                f"aten.{name} inside a captured step reads a device value on the host (or has "
+                "a data-dependent shape): a CUDA graph cannot replay it"
+            )
+        out = func(*args, **kwargs)
+        recorded = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+        def replay() -> None:
+            fresh = [t for t in tree_leaves(func(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+            for dst, src in zip(recorded, fresh, strict=True):
+                if dst is src or (
+                    dst.data_ptr() == src.data_ptr()
+                    and dst.shape == src.shape
+                    and dst.stride() == src.stride()
+                ):
+                    continue  # in place, or a view of the same memory
+                dst.copy_(src)
+
+        self.ops.append(replay)
+        return out
+
+
+class EmulatedStepGraph:
+    """The CPU emulation of a CUDA graph (see the module notes); any device."""
+
+    executes_on_capture = True
+
+    def __init__(self) -> None:
+        self._ops: list[Callable[[], None]] = []
+
+    def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
+        recorder = _Recorder()
+        with _activate(recorder) as active, recorder:
+            body()
+        self._ops = recorder.ops
+        return active.callbacks
+
+    @property
+    def n_ops(self) -> int:
+        """Operations recorded (torch operations and external launches)."""
+        return len(self._ops)
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for op in self._ops:
+                op()
+
+
+_emulate = threading.local()
+
+
+@contextmanager
+def emulated_capture() -> Iterator[None]:
+    """Within this context, :func:`make_step_graph` returns an
+    :class:`EmulatedStepGraph` for CPU tensors too (tests: the capture path of a
+    GPU run, on CPU)."""
+    previous = getattr(_emulate, "on", False)
+    _emulate.on = True
+    try:
+        yield
+    finally:
+        _emulate.on = previous
+
+
+def make_step_graph(device: torch.device) -> StepGraph | None:
+    """The step graph for ``device``: a CUDA graph on CUDA, the emulation inside
+    :func:`emulated_capture`, else None (nothing to capture)."""
+    if getattr(_emulate, "on", False):
+        return EmulatedStepGraph()
+    if device.type == "cuda":  # pragma: no cover - CUDA only
+        return CudaStepGraph()
+    return None

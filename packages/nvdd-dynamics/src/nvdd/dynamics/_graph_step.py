@@ -1,0 +1,293 @@
+"""Steady steps as replays of one captured step (CUDA graphs).
+
+A small system on a GPU is launch-bound: a velocity-Verlet step with the Warp
+Lennard-Jones model is about 35 small launches and a few hundred microseconds
+of Python. :class:`StepGraphs` captures the middle of a step (``pre_update``,
+``compute``, ``post_update``) once the run is steady and replays it on later
+steps: one launch, no Python per kernel. Hooks of ``BEFORE_STEP``,
+``AFTER_STEP`` and ``ON_CONVERGE`` still run around a replay; a step with a hook
+due in between runs eagerly.
+
+When a step is captured
+    The integrator (:meth:`BaseDynamics.graph_key`), the force provider and the
+    model (``graph_key(batch)``) all opt in, on CUDA (or inside
+    :func:`nvdd.core.emulated_capture`), after :data:`WARMUP_STEPS` eager steps
+    with the same keys. Today: :class:`VelocityVerlet` with `LennardJones` on its
+    Warp path, in one process or under :class:`DomainParallel` on one rank (the
+    whole batch). A multi-rank step decides migrations on the host and is not
+    captured.
+
+Fixed addresses
+    Everything a replay reads must be where the capture found it. The batch's
+    tensors before the capture become the *static* state; the captured step
+    ends by copying every output the step allocated (forces, energy, stress,
+    per-atom outputs) into them. Before each replay, a batch tensor that is not
+    the static one (an eager step or a hook replaced it) is copied in when it
+    holds values (positions, velocities, the step's outputs); any other change
+    (masses, cell, species, the number of atoms) drops the graph and the step
+    runs eagerly. So a replay reads exactly what an eager step would.
+
+Dropping the graph
+    A key changes (a host-side neighbour rebuild, a new time step), a
+    component's :func:`nvdd.core.after_replay` callback says the graph no longer
+    fits (the neighbour list must grow), or a callback raises (non-finite
+    values): the graph is dropped and the next steps run eagerly until the run
+    is steady again. A capture that fails on CUDA disables capture for this
+    integrator with a warning (the step then runs eagerly); under
+    :func:`~nvdd.core.emulated_capture` it raises (a test wants to see it).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nvdd.core import (
+    PER_ATOM_FIELDS,
+    PER_SYSTEM_FIELDS,
+    Batch,
+    CaptureError,
+    StepGraph,
+    make_step_graph,
+)
+from nvdd.dynamics._hooks import HookStage
+
+if TYPE_CHECKING:
+    from nvdd.dynamics._base import BaseDynamics
+
+__all__ = ["CUDA_GRAPHS_ENV", "WARMUP_STEPS", "StepGraphs", "cuda_graphs_default"]
+
+#: Eager steps with unchanged keys before a step is captured.
+WARMUP_STEPS = 2
+#: Environment variable: ``0`` turns step capture off by default.
+CUDA_GRAPHS_ENV = "NVDD_CUDA_GRAPHS"
+#: Fields whose values (not identity) a replay may take from the batch.
+_VALUES = frozenset({"positions", "velocities"})
+#: Hook stages inside the captured part of a step.
+_INSIDE = frozenset(
+    {
+        HookStage.BEFORE_PRE_UPDATE,
+        HookStage.AFTER_PRE_UPDATE,
+        HookStage.BEFORE_COMPUTE,
+        HookStage.AFTER_COMPUTE,
+        HookStage.BEFORE_POST_UPDATE,
+        HookStage.AFTER_POST_UPDATE,
+    }
+)
+
+
+def cuda_graphs_default() -> bool:
+    """Whether integrators capture steady steps by default (``$NVDD_CUDA_GRAPHS``,
+    default on; ``0``, ``false``, ``off`` or ``no`` turn it off)."""
+    value = os.environ.get(CUDA_GRAPHS_ENV, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+def _fields(batch: Batch) -> dict[str, torch.Tensor]:
+    out = {name: getattr(batch, name) for name in (*PER_ATOM_FIELDS, *PER_SYSTEM_FIELDS)}
+    out.update({f"atom_extras.{k}": v for k, v in batch.atom_extras.items()})
+    out.update({f"system_extras.{k}": v for k, v in batch.system_extras.items()})
+    return out
+
+
+def _rebind(batch: Batch, tensors: dict[str, torch.Tensor]) -> Batch:
+    direct = {k: v for k, v in tensors.items() if "." not in k}
+    atoms = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("atom_extras.")}
+    systems = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("system_extras.")}
+    fields: dict[str, Any] = {**direct, "atom_extras": atoms, "system_extras": systems}
+    return batch.replace(**fields)
+
+
+def _same_kind(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
+class StepGraphs:
+    """Captures and replays the steady steps of one integrator (module notes).
+
+    Attributes
+    ----------
+    enabled:
+        Capture steady steps (default :func:`cuda_graphs_default`); set False to
+        run every step eagerly.
+    captures, replays, drops:
+        Steps captured, steps run by a replay (a CUDA capture is replayed once
+        at once, so it counts as both), graphs dropped.
+    last_drop:
+        Why the last graph was dropped (or capture disabled), for diagnostics.
+    """
+
+    def __init__(self, dyn: BaseDynamics, enabled: bool | None = None) -> None:
+        self.dyn = dyn
+        self.enabled = cuda_graphs_default() if enabled is None else bool(enabled)
+        self.captures = 0
+        self.replays = 0
+        self.drops = 0
+        self.last_drop: str | None = None
+        self._graph: StepGraph | None = None
+        self._key: Hashable | None = None
+        self._last_key: Hashable | None = None
+        self._streak = 0
+        self._static: dict[str, torch.Tensor] = {}
+        self._copy_in: frozenset[str] = frozenset()
+        self._callbacks: list[Callable[[], bool]] = []
+        self._outputs: dict[str, torch.Tensor] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether a captured step is held (the next steady step replays it)."""
+        return self._graph is not None
+
+    def key(self) -> Hashable | None:
+        """What a capture of the next step bakes in (None: not capturable now)."""
+        dyn = self.dyn
+        if not (self.enabled and dyn._forces_ready):
+            return None
+        own = dyn.graph_key()
+        if own is None:
+            return None
+        step = dyn.step_count
+        if any(h.stage in _INSIDE and h.due(step) for h in dyn.hooks):
+            return None
+        provider = getattr(dyn.force_provider, "graph_key", None)
+        inner = provider(dyn.batch) if provider is not None else None
+        if inner is None:
+            return None
+        return (type(dyn), own, inner)
+
+    def drop(self, reason: str) -> None:
+        """Forget the captured step (the next steps run eagerly until steady)."""
+        if self._graph is not None:
+            self.drops += 1
+            self.last_drop = reason
+        self._graph = None
+        self._key = None
+        self._static = {}
+        self._callbacks = []
+        self._outputs = {}
+        self._streak = 0
+
+    def run_step(self) -> bool:
+        """Run ``pre_update``, ``compute`` and ``post_update`` as a replay (or
+        capture them); False when this step must run eagerly (nothing was done)."""
+        key = self.key()
+        if key is None:
+            self.drop("a step that cannot be captured")
+            self._last_key = None
+            return False
+        if self._graph is not None:
+            if key == self._key and self._bind_inputs():
+                self._graph.replay()
+                self._after_replay()
+                return True
+            self.drop("the step's keys or inputs changed")
+        if key != self._last_key:
+            self._streak = 0
+            self._last_key = key
+        if self._streak < WARMUP_STEPS:
+            self._streak += 1
+            return False
+        graph = make_step_graph(self.dyn.batch.device)
+        if graph is None:
+            return False
+        return self._capture(graph)
+
+    # ------------------------------------------------------------ internals
+    def _bind_inputs(self) -> bool:
+        """Make the batch's tensors the static ones (copying values in); False
+        when a change is structural (the graph must go)."""
+        dyn = self.dyn
+        current = _fields(dyn.batch)
+        if current.keys() != self._static.keys():
+            return False
+        stale = False
+        for name, static in self._static.items():
+            now = current[name]
+            if now is static:
+                continue
+            if name not in self._copy_in or not _same_kind(now, static):
+                return False
+            static.copy_(now)
+            stale = True
+        if stale:
+            dyn.batch = _rebind(dyn.batch, self._static)
+        return True
+
+    def _capture(self, graph: StepGraph) -> bool:
+        dyn = self.dyn
+        before, outputs_before = dyn.batch, dyn.outputs
+        pre = _fields(before)
+        changed: list[str] = []
+
+        def body() -> None:
+            dyn.pre_update()
+            dyn.compute()
+            dyn.post_update()
+            post = _fields(dyn.batch)
+            if post.keys() != pre.keys():
+                raise CaptureError(
+                    f"the step changed the batch's fields ({sorted(pre)} -> {sorted(post)})"
+                )
+            for name, t in post.items():
+                if t is pre[name]:
+                    continue
+                if not _same_kind(t, pre[name]):
+                    raise CaptureError(f"the step changed the shape or dtype of {name!r}")
+                pre[name].copy_(t)  # back into the static tensor: the next replay reads it
+                changed.append(name)
+
+        try:
+            callbacks = graph.capture(body)
+        except CaptureError as exc:
+            dyn.batch, dyn.outputs = before, outputs_before
+            if graph.executes_on_capture:
+                raise
+            self.enabled = False
+            self.last_drop = f"capture failed: {exc}"
+            torch.cuda.synchronize()
+            warnings.warn(
+                f"{type(dyn).__name__}: step capture failed, running every step eagerly ({exc})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        self.captures += 1
+        self._static = pre
+        self._copy_in = frozenset(_VALUES | set(changed))
+        dyn.batch = _rebind(dyn.batch, pre)
+        self._outputs = dyn.outputs
+        self._callbacks = callbacks
+        self._graph = graph
+        self._key = self.key()  # as the host sees it after the capture
+        if not graph.executes_on_capture:
+            graph.replay()
+        self._after_replay()
+        return True
+
+    def _after_replay(self) -> None:
+        self.replays += 1
+        self.dyn.outputs = self._outputs
+        fits = True
+        try:
+            for callback in self._callbacks:
+                fits = callback() and fits
+        except BaseException:
+            self.drop("a replay callback raised")
+            raise
+        if not fits:
+            self.drop("a component asked for an eager step (e.g. a neighbour list must grow)")
+
+
+def describe(graphs: StepGraphs) -> dict[str, Any]:
+    """Counters of ``graphs`` as a dict (benchmarks, logs)."""
+    return {
+        "enabled": graphs.enabled,
+        "captures": graphs.captures,
+        "replays": graphs.replays,
+        "drops": graphs.drops,
+        "last_drop": graphs.last_drop,
+    }

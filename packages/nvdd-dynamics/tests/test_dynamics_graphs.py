@@ -1,0 +1,185 @@
+"""`StepGraphs`: which steps are captured, what a replay reads, when a graph goes.
+
+On CPU through ``nvdd.core.emulated_capture`` (a replay reruns the recorded
+operations on the recorded tensors, as a CUDA graph does); the real model and
+the GPU runs are in ``integration_tests/test_it_cuda_graphs.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+import torch
+
+from nvdd.core import Batch, CaptureError, ModelOutputs, after_replay, capturing, emulated_capture
+from nvdd.dynamics import (
+    CUDA_GRAPHS_ENV,
+    WARMUP_STEPS,
+    HookStage,
+    Langevin,
+    VelocityVerlet,
+    cuda_graphs_default,
+)
+
+
+class Springs(torch.nn.Module):
+    """F = -k (x - x0), with per-atom energies; capturable when ``capturable``."""
+
+    def __init__(self, k: float = 0.7, capturable: bool = True, host_read: bool = False) -> None:
+        super().__init__()
+        self.k, self.capturable, self.host_read = k, capturable, host_read
+        self.anchor: torch.Tensor | None = None
+        self.calls = 0
+        self.replayed = 0
+        self.fits = True
+
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        return ("springs", self.k) if self.capturable else None
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        if self.anchor is None:
+            self.anchor = batch.positions.detach().clone()
+        if capturing():
+            after_replay(self._replayed)
+        else:
+            self.calls += 1
+        d = batch.positions - self.anchor
+        if self.host_read:
+            float(d.sum())
+        e_atom = 0.5 * self.k * (d * d).sum(dim=1)
+        return {"forces": -self.k * d, "energy": e_atom.sum().reshape(1), "atom_energies": e_atom}
+
+    def _replayed(self) -> bool:
+        self.calls += 1
+        self.replayed += 1
+        return self.fits
+
+
+def _batch(n: int = 12, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    return Batch(
+        positions=torch.rand(n, 3, generator=g, dtype=torch.float64) * 5.0,
+        atomic_numbers=torch.full((n,), 18),
+        velocities=torch.randn(n, 3, generator=g, dtype=torch.float64) * 0.05,
+        cell=torch.eye(3, dtype=torch.float64) * 5.0,
+        pbc=[False] * 3,
+    )
+
+
+def _run(graphs: bool, steps: int = 20, setup: Any = None, **model_kw: Any) -> tuple[Any, Springs]:
+    model = Springs(**model_kw)
+    dyn = VelocityVerlet(model, _batch(), dt_fs=1.5, cuda_graphs=graphs)
+    if setup is not None:
+        setup(dyn)
+    with emulated_capture():
+        dyn.run(steps)
+    return dyn, model
+
+
+def _assert_same(a: Any, b: Any) -> None:
+    for name in ("positions", "velocities", "forces", "energy"):
+        assert torch.equal(getattr(a.batch, name), getattr(b.batch, name)), name
+    assert torch.equal(a.batch.atom_extras["atom_energies"], b.batch.atom_extras["atom_energies"])
+
+
+def test_steady_steps_are_replayed_and_equal_eager_steps() -> None:
+    eager, m0 = _run(False)
+    graphed, m1 = _run(True)
+    _assert_same(graphed, eager)
+    assert eager.graphs.captures == 0 and graphed.graphs.captures == 1
+    assert graphed.graphs.replays == 20 - WARMUP_STEPS and graphed.graphs.active
+    assert m1.replayed == 20 - WARMUP_STEPS and m1.calls == m0.calls == 21
+    assert graphed.outputs["forces"].data_ptr() != 0  # outputs of the last replay
+    torch.testing.assert_close(graphed.outputs["forces"], graphed.batch.forces)
+
+
+def test_nothing_is_captured_unless_every_part_opts_in() -> None:
+    assert _run(True, capturable=False)[0].graphs.captures == 0  # the model
+    model = Springs()
+    dyn = Langevin(model, _batch(), temperature_K=300.0)  # the integrator (no graph_key)
+    with emulated_capture():
+        dyn.run(6)
+    assert dyn.graphs.captures == 0
+    dyn = VelocityVerlet(Springs(), _batch())  # and the CPU without the emulation
+    dyn.graphs.enabled = True
+    dyn.run(6)
+    assert dyn.graphs.captures == 0
+
+
+def test_the_environment_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "0")
+    assert not cuda_graphs_default()
+    assert not VelocityVerlet(Springs(), _batch()).graphs.enabled
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "1")
+    assert VelocityVerlet(Springs(), _batch()).graphs.enabled
+
+
+def test_values_replaced_between_steps_are_copied_in() -> None:
+    def setup(dyn: Any) -> None:
+        def kick(ctx: Any) -> None:  # a new tensor (not in place), as a user may write
+            if ctx.step % 5 == 0:
+                dyn.batch = dyn.batch.replace(velocities=dyn.batch.velocities * 0.5)
+
+        dyn.register_hook(HookStage.BEFORE_STEP, kick)
+
+    eager, _ = _run(False, setup=setup)
+    graphed, _ = _run(True, setup=setup)
+    _assert_same(graphed, eager)
+    assert graphed.graphs.captures == 1 and graphed.graphs.drops == 0
+
+
+def test_a_structural_change_drops_the_graph() -> None:
+    def setup(dyn: Any) -> None:
+        def heavier(ctx: Any) -> None:
+            if ctx.step == 8:
+                dyn.batch = dyn.batch.replace(masses=dyn.batch.masses * 2.0)
+
+        dyn.register_hook(HookStage.BEFORE_STEP, heavier)
+
+    eager, _ = _run(False, setup=setup)
+    graphed, _ = _run(True, setup=setup)
+    _assert_same(graphed, eager)
+    assert graphed.graphs.captures == 2 and graphed.graphs.drops == 1
+
+
+def test_a_new_time_step_drops_the_graph() -> None:
+    def setup(dyn: Any) -> None:
+        def faster(ctx: Any) -> None:
+            if ctx.step == 9:
+                dyn.dt_fs = 0.5
+
+        dyn.register_hook(HookStage.AFTER_STEP, faster)
+
+    eager, _ = _run(False, setup=setup)
+    graphed, _ = _run(True, setup=setup)
+    _assert_same(graphed, eager)
+    assert graphed.graphs.drops == 1 and graphed.graphs.captures == 2
+
+
+def test_a_hook_inside_the_step_runs_it_eagerly() -> None:
+    def setup(dyn: Any) -> None:
+        dyn.register_hook(HookStage.AFTER_COMPUTE, lambda ctx: None, every=6)
+
+    eager, _ = _run(False, setup=setup)
+    graphed, _ = _run(True, setup=setup)
+    _assert_same(graphed, eager)
+    # eager at steps 0, 6, 12, 18; a capture after each two-step warm-up
+    assert graphed.graphs.captures == 3 and graphed.graphs.drops == 3
+
+
+def test_a_component_can_ask_for_an_eager_step() -> None:
+    dyn = VelocityVerlet(Springs(), _batch(), cuda_graphs=True)
+    with emulated_capture():
+        dyn.run(5)
+        assert dyn.graphs.active
+        dyn.model.fits = False  # e.g. a neighbour list that must grow
+        dyn.run(1)
+        assert not dyn.graphs.active and dyn.graphs.drops == 1
+        assert "eager" in (dyn.graphs.last_drop or "")
+
+
+def test_a_capture_that_reads_the_host_raises_under_the_emulation() -> None:
+    with pytest.raises(CaptureError, match="host"):
+        _run(True, host_read=True)
