@@ -137,6 +137,7 @@ def ranks(args: dict[str, Any]) -> dict[str, Any]:
                 compiles_after=stats.compiles - o["compiles_warmup"],
                 rebuilds_after=stats.rebuilds - o["rebuilds_warmup"],
                 caps=core.capacities if core is not None else {},
+                regrows=getattr(core, "regrows", 0),
                 atoms=dp.sharded.n_atoms,
                 ghosts=stats.n_ghost,
             )
@@ -203,7 +204,7 @@ def main() -> None:
     )
     print(
         f"{'ranks':>5}{'eager ms':>10}{'compiled ms':>13}{'speed-up':>10}{'warm-up s':>11}"
-        f"{'compiles':>10}{'after':>7}{'rebuilds':>10}  caps (rank 0)"
+        f"{'compiles':>10}{'after':>7}{'rebuilds':>10}{'regrows':>9}  caps (rank 0)"
     )
     for r in rows:
         per = r["per_rank"]
@@ -213,7 +214,8 @@ def main() -> None:
         print(
             f"{r['ranks']:>5}{eager:>10.2f}{comp['ms_per_step']:>13.2f}"
             f"{eager / comp['ms_per_step']:>10.2f}{comp['warmup_s']:>11.1f}"
-            f"{comp['compiles_warmup']:>10}{after:>7}{comp['rebuilds_after']:>10}  "
+            f"{comp['compiles_warmup']:>10}{after:>7}{comp['rebuilds_after']:>10}"
+            f"{comp['regrows']:>9}  "
             f"{per[0]['compiled']['caps']}"
         )
     if a.json:

@@ -87,6 +87,30 @@ def test_a_drifting_edge_count_compiles_once_per_capacity() -> None:
     assert 2 <= growths <= 4, (growths, caps)  # grew, geometrically: not at every step
 
 
+def test_each_regrow_doubles_the_headroom() -> None:
+    """A count that keeps drifting up: 25 % -> 40 % (at most) of headroom after a
+    regrow, so the capacities settle after a few recompiles."""
+    from nvdd.models._compiled import MAX_GROWTH
+
+    torch._dynamo.reset()
+    model = make_model("lj", backend="torch")
+    model.compile_forward(_policy())
+    batch = global_batch("periodic-2", "lj")
+    growths = []
+    for k in range(10):
+        squeezed = batch.replace(
+            positions=batch.positions * (1 - 0.02 * k), cell=batch.cell * (1 - 0.02 * k)
+        )
+        model(squeezed)
+        assert model._core is not None and model._core.padder is not None
+        growths.append(model._core.padder.growth)
+    core = model._core
+    assert core is not None and core.padder is not None
+    assert growths[0] == pytest.approx(1.25) and growths[-1] == pytest.approx(MAX_GROWTH)
+    assert growths == sorted(growths) and core.regrows >= 1
+    assert core.regrows == core.padder.registry.n_reshapes - 1  # (the first call created them)
+
+
 def test_the_default_hook_declines() -> None:
     from nvdd.spec import BaseModelMixin
 

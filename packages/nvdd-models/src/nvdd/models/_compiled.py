@@ -22,6 +22,7 @@ the same shapes step after step and compile once per capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -109,6 +110,10 @@ class CoreInputs:
         )
 
 
+#: The largest headroom a capacity grows with after repeated regrows (+40 %).
+MAX_GROWTH = 1.4
+
+
 def growth_for(n_rows: int) -> float:
     """Capacity growth of a compiled core for a rank owning ``n_rows`` rows.
 
@@ -162,6 +167,8 @@ class CompiledCore:
         self.padder: COOPadder | None = None  # made at the first padded call
         self._functions: dict[str, Callable[..., Any]] = {}
         self._agreed_generation: int | None = None
+        #: Capacities that outgrew their headroom after the first call (each a recompile).
+        self.regrows = 0
 
     def release(self) -> None:
         """Give the parameters their ``requires_grad`` back."""
@@ -229,7 +236,9 @@ class CompiledCore:
                 receivers = int(ctx.layout.n_owned)
             growth = growth_for(receivers)
             self.padder = COOPadder(name=self.name, growth=growth, check_indices=False)
+        before = self.padder.registry.snapshot()
         p = self.padder.pad(graph, group=group)
+        self._escalate(before)
         padded_rows = p.atom_fields["rows"]
         owned_cap = p.atom_cap
         if n_owned is not None:
@@ -247,6 +256,23 @@ class CompiledCore:
             padded_rows[: min(owned_cap, p.atom_cap)],
             n,
         )
+
+    def _escalate(self, before: dict[str, int]) -> None:
+        """Double the headroom after every regrow of an existing capacity.
+
+        A count that drifts for a while (a crystal equilibrating: the neighbours
+        of the next shell come within the cutoff) would otherwise outgrow a
+        5 % headroom again and again, and every growth is a recompilation (on a
+        GPU, seconds of inductor autotuning). Headroom 5 % -> 10 % -> 20 % -> 40 %
+        (at most :data:`MAX_GROWTH`) bounds those to a few.
+        """
+        assert self.padder is not None
+        after = self.padder.registry.snapshot()
+        if any(key in before and after[key] > before[key] for key in after):
+            self.regrows += 1
+            headroom = min(MAX_GROWTH, 1.0 + 2.0 * (self.padder.growth - 1.0))
+            if headroom > self.padder.growth:
+                self.padder = dataclasses.replace(self.padder, growth=headroom)
 
     @property
     def capacities(self) -> dict[str, int]:
