@@ -9,6 +9,7 @@ from nvdd.core import (
     CaptureError,
     EmulatedStepGraph,
     after_replay,
+    can_capture,
     capturing,
     emulated_capture,
     make_step_graph,
@@ -93,7 +94,9 @@ def test_capture_misuse_raises() -> None:
 
 
 def test_the_backend_follows_the_device_and_the_emulation_switch() -> None:
-    assert make_step_graph(torch.device("cpu")) is None
+    cpu = torch.device("cpu")
+    assert make_step_graph(cpu) is None and not can_capture(cpu)
+    assert can_capture(torch.device("cuda", 0))
     with emulated_capture():
-        assert isinstance(make_step_graph(torch.device("cpu")), EmulatedStepGraph)
-    assert make_step_graph(torch.device("cpu")) is None
+        assert isinstance(make_step_graph(cpu), EmulatedStepGraph) and can_capture(cpu)
+    assert make_step_graph(cpu) is None and not can_capture(cpu)

@@ -50,6 +50,7 @@ __all__ = [
     "EmulatedStepGraph",
     "StepGraph",
     "after_replay",
+    "can_capture",
     "capturing",
     "emulated_capture",
     "make_step_graph",
@@ -252,6 +253,12 @@ def emulated_capture() -> Iterator[None]:
         yield
     finally:
         _emulate.on = previous
+
+
+def can_capture(device: torch.device) -> bool:
+    """Whether :func:`make_step_graph` gives a graph for ``device`` (cheap: callers
+    ask it before any other work)."""
+    return device.type == "cuda" or bool(getattr(_emulate, "on", False))
 
 
 def make_step_graph(device: torch.device) -> StepGraph | None:

@@ -52,6 +52,7 @@ from nvdd.core import (
     Batch,
     CaptureError,
     StepGraph,
+    can_capture,
     make_step_graph,
 )
 from nvdd.dynamics._hooks import HookStage
@@ -174,6 +175,10 @@ class StepGraphs:
     def run_step(self) -> bool:
         """Run ``pre_update``, ``compute`` and ``post_update`` as a replay (or
         capture them); False when this step must run eagerly (nothing was done)."""
+        if not (self.enabled and can_capture(self.dyn.batch.device)):
+            if self._graph is not None:
+                self.drop("capture was turned off")
+            return False  # (a CPU run pays nothing else)
         key = self.key()
         if key is None:
             self.drop("a step that cannot be captured")
