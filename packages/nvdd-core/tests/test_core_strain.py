@@ -105,6 +105,24 @@ def test_unchanged_cell_is_exactly_the_half_skin_test() -> None:
     assert not bool(skin_exceeded(x32, x32, si, cell, cell.clone(), cutoff=3.0, skin=0.0))
 
 
+def test_same_cell_takes_the_plain_test_with_the_same_answer() -> None:
+    """``same_cell=True`` skips the cell algebra (the GPU fast path); on equal
+    cells it answers exactly what the full test answers, on a changed cell the
+    promise is the caller's (here broken on purpose: the plain test ignores it)."""
+    g = torch.Generator().manual_seed(5)
+    cell = torch.stack([_triclinic(), _triclinic(0.9)])
+    si = torch.arange(40) % 2
+    for trial in range(20):
+        x0 = torch.rand(40, 3, generator=g, dtype=F64) * 6.0
+        x = x0 + 0.3 * torch.randn(40, 3, generator=g, dtype=F64) * (trial / 20)
+        full = skin_exceeded(x, x0, si, cell, cell.clone(), cutoff=3.0, skin=0.8)
+        fast = skin_exceeded(x, x0, si, cell, cell, cutoff=3.0, skin=0.8, same_cell=True)
+        assert bool(fast) == bool(full)
+    squeezed = cell * 0.8  # a strain that eats the whole skin: only the full test sees it
+    assert bool(skin_exceeded(x0, x0, si, cell, squeezed, cutoff=3.0, skin=0.8))
+    assert not bool(skin_exceeded(x0, x0, si, cell, squeezed, cutoff=3.0, skin=0.8, same_cell=True))
+
+
 def test_reuse_never_misses_a_pair_under_cell_deformation() -> None:
     """Brute force: when the test says reuse, the reference candidates cover every
     pair within the cutoff at the deformed cell; the displacement-only test would

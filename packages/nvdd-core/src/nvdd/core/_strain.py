@@ -182,6 +182,7 @@ def skin_exceeded(
     *,
     cutoff: float,
     skin: float,
+    same_cell: bool = False,
 ) -> torch.Tensor:
     """Whether a list built at ``(ref_positions, ref_cell)`` with candidates up to
     ``cutoff + skin`` may now miss a pair within ``cutoff``.
@@ -203,6 +204,11 @@ def skin_exceeded(
         The range the list must cover (Angstrom).
     skin:
         Its skin (Angstrom).
+    same_cell:
+        The caller knows that ``cell`` holds exactly ``ref_cell``'s values (e.g.
+        the same tensor, unmodified since the build): the plain displacement
+        test is then taken without the cell algebra (about ten small linear
+        algebra launches on a GPU). A wrong promise gives a wrong answer.
 
     Returns
     -------
@@ -213,7 +219,7 @@ def skin_exceeded(
         algebra).
     """
     ref, cur = _cells(ref_cell, cell)
-    if ref.device.type == "cpu" and torch.equal(ref, cur):
+    if same_cell or (ref.device.type == "cpu" and torch.equal(ref, cur)):
         if positions.shape != ref_positions.shape:
             raise ValidationError(
                 f"positions have shape {tuple(positions.shape)} but ref_positions "

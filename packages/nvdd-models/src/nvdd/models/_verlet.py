@@ -24,6 +24,8 @@ class _Reference:
     atom_ids: torch.Tensor | None
     n_receivers: int | None
     topology: object
+    #: The caller's cell tensor and its version at the build (identity, not values).
+    cell_source: tuple[torch.Tensor, int] | None = None
 
 
 class VerletList:
@@ -153,6 +155,7 @@ class VerletList:
                     atom_ids=None if atom_ids is None else atom_ids.clone(),
                     n_receivers=n_receivers,
                     topology=topology,
+                    cell_source=(cell, cell._version),
                 )
                 self.n_builds += 1
             candidates = self._candidates
@@ -195,6 +198,7 @@ class VerletList:
             return True
         if positions.shape[0] == 0:
             return False
+        source = ref.cell_source
         exceeded = skin_exceeded(
             positions,
             ref.positions,
@@ -203,6 +207,7 @@ class VerletList:
             cell.detach(),
             cutoff=self._cutoff,
             skin=self._skin,
+            same_cell=source is not None and source[0] is cell and source[1] == cell._version,
         )
         # a NaN displacement never exceeds a threshold: rebuild (and the build raises)
         return bool(exceeded | ~torch.isfinite(positions).all())
