@@ -116,57 +116,49 @@ def test_the_environment_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> No
     assert VelocityVerlet(Springs(), _batch()).graphs.enabled
 
 
-def test_values_replaced_between_steps_are_copied_in() -> None:
-    def setup(dyn: Any) -> None:
-        def kick(ctx: Any) -> None:  # a new tensor (not in place), as a user may write
-            if ctx.step % 5 == 0:
-                dyn.batch = dyn.batch.replace(velocities=dyn.batch.velocities * 0.5)
+def _kick(dyn: Any) -> None:
+    def kick(ctx: Any) -> None:  # a new tensor (not in place), as a user may write
+        if ctx.step % 5 == 0:
+            dyn.batch = dyn.batch.replace(velocities=dyn.batch.velocities * 0.5)
 
-        dyn.register_hook(HookStage.BEFORE_STEP, kick)
+    dyn.register_hook(HookStage.BEFORE_STEP, kick)
 
+
+def _heavier(dyn: Any) -> None:
+    def heavier(ctx: Any) -> None:  # structural: the graph read the old masses
+        if ctx.step == 8:
+            dyn.batch = dyn.batch.replace(masses=dyn.batch.masses * 2.0)
+
+    dyn.register_hook(HookStage.BEFORE_STEP, heavier)
+
+
+def _faster(dyn: Any) -> None:
+    def faster(ctx: Any) -> None:  # the time step is baked into the graph
+        if ctx.step == 9:
+            dyn.dt_fs = 0.5
+
+    dyn.register_hook(HookStage.AFTER_STEP, faster)
+
+
+def _inside(dyn: Any) -> None:  # a hook inside the step: that step runs eagerly
+    dyn.register_hook(HookStage.AFTER_COMPUTE, lambda ctx: None, every=6)
+
+
+@pytest.mark.parametrize(
+    ("setup", "captures", "drops"),
+    [
+        (_kick, 1, 0),  # values replaced between steps are copied in
+        (_heavier, 2, 1),
+        (_faster, 2, 1),
+        (_inside, 3, 3),  # eager at 0, 6, 12, 18; a capture after each warm-up
+    ],
+    ids=["values-copied-in", "masses-drop", "time-step-drops", "hook-inside-eager"],
+)
+def test_changes_between_steps(setup: Any, captures: int, drops: int) -> None:
     eager, _ = _run(False, setup=setup)
     graphed, _ = _run(True, setup=setup)
     _assert_same(graphed, eager)
-    assert graphed.graphs.captures == 1 and graphed.graphs.drops == 0
-
-
-def test_a_structural_change_drops_the_graph() -> None:
-    def setup(dyn: Any) -> None:
-        def heavier(ctx: Any) -> None:
-            if ctx.step == 8:
-                dyn.batch = dyn.batch.replace(masses=dyn.batch.masses * 2.0)
-
-        dyn.register_hook(HookStage.BEFORE_STEP, heavier)
-
-    eager, _ = _run(False, setup=setup)
-    graphed, _ = _run(True, setup=setup)
-    _assert_same(graphed, eager)
-    assert graphed.graphs.captures == 2 and graphed.graphs.drops == 1
-
-
-def test_a_new_time_step_drops_the_graph() -> None:
-    def setup(dyn: Any) -> None:
-        def faster(ctx: Any) -> None:
-            if ctx.step == 9:
-                dyn.dt_fs = 0.5
-
-        dyn.register_hook(HookStage.AFTER_STEP, faster)
-
-    eager, _ = _run(False, setup=setup)
-    graphed, _ = _run(True, setup=setup)
-    _assert_same(graphed, eager)
-    assert graphed.graphs.drops == 1 and graphed.graphs.captures == 2
-
-
-def test_a_hook_inside_the_step_runs_it_eagerly() -> None:
-    def setup(dyn: Any) -> None:
-        dyn.register_hook(HookStage.AFTER_COMPUTE, lambda ctx: None, every=6)
-
-    eager, _ = _run(False, setup=setup)
-    graphed, _ = _run(True, setup=setup)
-    _assert_same(graphed, eager)
-    # eager at steps 0, 6, 12, 18; a capture after each two-step warm-up
-    assert graphed.graphs.captures == 3 and graphed.graphs.drops == 3
+    assert (graphed.graphs.captures, graphed.graphs.drops) == (captures, drops)
 
 
 def test_a_component_can_ask_for_an_eager_step() -> None:

@@ -285,14 +285,3 @@ class StepGraphs:
             raise
         if not fits:
             self.drop("a component asked for an eager step (e.g. a neighbour list must grow)")
-
-
-def describe(graphs: StepGraphs) -> dict[str, Any]:
-    """Counters of ``graphs`` as a dict (benchmarks, logs)."""
-    return {
-        "enabled": graphs.enabled,
-        "captures": graphs.captures,
-        "replays": graphs.replays,
-        "drops": graphs.drops,
-        "last_drop": graphs.last_drop,
-    }
