@@ -16,7 +16,14 @@ import torch
 from it_systems import crystal, lj_model
 
 from nvdd.core import Batch, ValidationError, emulated_capture
-from nvdd.dynamics import WARMUP_STEPS, DomainConfig, DomainParallel, HookStage, VelocityVerlet
+from nvdd.dynamics import (
+    WARMUP_STEPS,
+    DomainConfig,
+    DomainParallel,
+    HookStage,
+    Langevin,
+    VelocityVerlet,
+)
 from nvdd.testing import run_ranks
 
 pytestmark = pytest.mark.gloo
@@ -36,10 +43,14 @@ def _trajectory(
     dp: bool = False,
     device: str = "cpu",
     dtype: torch.dtype = torch.float64,
+    langevin: bool = False,
 ) -> dict[str, Any]:
     model = lj_model(dtype).to(device)
     batch = batch.clone().to(device=device, dtype=dtype)  # a hook below changes the cell in place
-    dyn = VelocityVerlet(model, batch, dt_fs=2.0, cuda_graphs=graphs)
+    if langevin:
+        dyn: Any = Langevin(model, batch, dt_fs=2.0, temperature_K=300.0, cuda_graphs=graphs)
+    else:
+        dyn = VelocityVerlet(model, batch, dt_fs=2.0, cuda_graphs=graphs)
     seen: list[tuple[int, float]] = []
     if hooks:  # a hook after the step (replays go on) and one inside it (an eager step)
         dyn.register_hook(
@@ -102,6 +113,14 @@ def test_replayed_steps_equal_eager_steps(kind: str) -> None:
     # the list was rebuilt on the device during replays, never on the host after the first
     assert graphed["device_builds"] == eager["device_builds"] > 1
     assert graphed["host_rebuilds"] == 1
+
+
+def test_replayed_langevin_steps_equal_eager_steps() -> None:
+    batch = _hot()
+    eager = _trajectory(batch, 40, graphs=False, hooks=True, langevin=True)
+    graphed = _trajectory(batch, 40, graphs=True, hooks=True, langevin=True)
+    _assert_same(graphed, eager)
+    assert graphed["seen"] == eager["seen"] != [] and graphed["replays"] > 25
 
 
 def test_hooks_around_replays_and_eager_steps_inside() -> None:
@@ -168,7 +187,8 @@ def _close(dtype: torch.dtype) -> dict[str, float]:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_cuda_graph_replays_equal_eager_steps_on_a_gpu(dtype: torch.dtype) -> None:
     batch = _hot()
-    for kw in ({}, {"hooks": True}, {"squeeze_at": 20}):
+    cases: list[dict[str, Any]] = [{}, {"hooks": True}, {"squeeze_at": 20}, {"langevin": True}]
+    for kw in cases:
         eager = _trajectory(batch, 60, graphs=False, device="cuda", dtype=dtype, **kw)
         graphed = _trajectory(batch, 60, graphs=True, device="cuda", dtype=dtype, **kw)
         for key in ("positions", "velocities", "forces", "energy"):

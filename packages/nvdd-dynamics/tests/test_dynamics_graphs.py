@@ -16,10 +16,12 @@ import torch
 from nvdd.core import Batch, CaptureError, ModelOutputs, after_replay, capturing, emulated_capture
 from nvdd.dynamics import (
     CUDA_GRAPHS_ENV,
+    FIRE,
     WARMUP_STEPS,
     HookStage,
     Langevin,
     VelocityVerlet,
+    atom_normal,
     cuda_graphs_default,
 )
 
@@ -97,8 +99,7 @@ def test_steady_steps_are_replayed_and_equal_eager_steps() -> None:
 
 def test_nothing_is_captured_unless_every_part_opts_in() -> None:
     assert _run(True, capturable=False)[0].graphs.captures == 0  # the model
-    model = Springs()
-    dyn = Langevin(model, _batch(), temperature_K=300.0)  # the integrator (no graph_key)
+    dyn = FIRE(Springs(), _batch())  # the integrator (FIRE decides on the host)
     with emulated_capture():
         dyn.run(6)
     assert dyn.graphs.captures == 0
@@ -159,6 +160,30 @@ def test_changes_between_steps(setup: Any, captures: int, drops: int) -> None:
     graphed, _ = _run(True, setup=setup)
     _assert_same(graphed, eager)
     assert (graphed.graphs.captures, graphed.graphs.drops) == (captures, drops)
+
+
+def test_langevin_steps_are_replayed_with_each_steps_own_noise() -> None:
+    """The noise is a function of (seed, step, atom id): a replay reads the step
+    from a device counter that the captured step advances."""
+
+    def run(graphs: bool) -> Any:
+        dyn = Langevin(Springs(), _batch(), dt_fs=1.5, temperature_K=300.0, cuda_graphs=graphs)
+        dyn.register_hook(HookStage.AFTER_COMPUTE, lambda ctx: None, every=9)  # eager steps too
+        with emulated_capture():
+            dyn.run(25)
+        return dyn
+
+    eager, graphed = run(False), run(True)
+    _assert_same(graphed, eager)
+    assert graphed.graphs.captures == 3 and graphed.graphs.replays > 10
+
+
+def test_the_noise_of_a_step_tensor_equals_the_noise_of_a_step_number() -> None:
+    ids = torch.tensor([0, 1, 7, 2**40 + 3])
+    for step in (0, 1, 12345, 2**31 + 7, 2**33 + 1):
+        want = atom_normal(9, step, ids, dtype=torch.float64)
+        got = atom_normal(9, torch.tensor(step), ids, dtype=torch.float64)
+        assert torch.equal(got, want), step
 
 
 def test_a_component_can_ask_for_an_eager_step() -> None:

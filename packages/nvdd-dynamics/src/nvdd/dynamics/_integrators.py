@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs
+from nvdd.core import Batch, CaptureError, ConfigurationError, ModelOutputs, capturing
 from nvdd.dynamics._base import KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._rng import atom_normal
@@ -86,8 +86,9 @@ class Langevin(BaseDynamics):
         friction_per_fs: float = 0.01,
         seed: int = 0,
         hooks: Iterable[Hook] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
-        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks, cuda_graphs=cuda_graphs)
         if not temperature_K >= 0:
             raise ConfigurationError(f"temperature_K must be >= 0, got {temperature_K!r}")
         if not friction_per_fs >= 0:
@@ -95,17 +96,49 @@ class Langevin(BaseDynamics):
         self.temperature_K = float(temperature_K)
         self.friction_per_fs = float(friction_per_fs)
         self.seed = int(seed)
+        self._step_on_device: torch.Tensor | None = None
+        self._coefficients: tuple[tuple[float, float], float, float] | None = None
+
+    def graph_key(self) -> Hashable | None:
+        """Its steps may be captured: the noise reads the step number from a
+        device counter that the captured step advances; the time step, bath and
+        seed are baked in."""
+        return ("langevin", self.dt_fs, self.temperature_K, self.friction_per_fs, self.seed)
+
+    def _ou_coefficients(self) -> tuple[float, float]:
+        """``exp(-gamma dt)`` and ``sqrt(1 - c1**2)``, computed once per
+        ``(gamma, dt)`` on the host (so a captured step holds no host tensor op)."""
+        key = (self.friction_per_fs, self.dt_fs)
+        cached = self._coefficients
+        if cached is None or cached[0] != key:
+            c1 = torch.exp(torch.tensor(-key[0] * key[1], dtype=torch.float64))
+            cached = (key, float(c1), float(torch.sqrt(1.0 - c1 * c1)))
+            self._coefficients = cached
+        return cached[1], cached[2]
+
+    def _noise_step(self, device: torch.device) -> torch.Tensor:
+        """The step number as an int64 device tensor (the noise's counter)."""
+        counter = self._step_on_device
+        if counter is None or counter.device != device:
+            if capturing():
+                raise CaptureError("Langevin: the noise counter must exist before a capture")
+            counter = torch.zeros((), dtype=torch.int64, device=device)
+            self._step_on_device = counter
+        if not capturing():  # eager: the host's count (a replay finds it advanced)
+            counter.fill_(self.step_count)
+        return counter
 
     def pre_update(self) -> None:
         b = self.batch
         half = 0.5 * self.dt
         v = b.velocities + half * _accel(b)
         x = b.positions + half * v
-        c1 = torch.exp(torch.tensor(-self.friction_per_fs * self.dt_fs, dtype=torch.float64))
-        c2 = torch.sqrt(1.0 - c1 * c1)
+        c1, c2 = self._ou_coefficients()
         sigma = torch.sqrt(KB_EV_PER_K * self.temperature_K / b.masses)[:, None]
-        noise = atom_normal(self.seed, self.step_count, b.atom_ids, dtype=b.dtype)
-        v = float(c1) * v + float(c2) * sigma * noise.to(b.device)
+        step = self._noise_step(b.device)
+        noise = atom_normal(self.seed, step, b.atom_ids, dtype=b.dtype)
+        step.add_(1)  # the next step's count: what a capture of the next step reads
+        v = c1 * v + c2 * sigma * noise
         x = x + half * v
         self.batch = b.replace(velocities=v, positions=x)
 
@@ -136,8 +169,9 @@ class FIRE(BaseDynamics):
         alpha_start: float = 0.1,
         f_alpha: float = 0.99,
         hooks: Iterable[Hook] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
-        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks, cuda_graphs=cuda_graphs)
         if not (fmax > 0 and dt_max_fs >= dt_fs and 0 < f_dec < 1 < f_inc and 0 < alpha_start < 1):
             raise ConfigurationError(
                 f"FIRE: need fmax > 0 (got {fmax}), dt_max_fs >= dt_fs ({dt_max_fs} vs {dt_fs}), "

@@ -229,8 +229,9 @@ class NoseHooverNVT(BaseDynamics):
         chain_length: int = 3,
         n_loops: int = 1,
         hooks: Iterable[Hook] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
-        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks, cuda_graphs=cuda_graphs)
         tau = 100.0 * dt_fs if tau_fs is None else tau_fs
         if not temperature_K > 0 or not tau > 0:
             raise ConfigurationError(

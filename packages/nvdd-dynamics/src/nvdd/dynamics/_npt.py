@@ -120,8 +120,9 @@ class MTKNPT(BaseDynamics):
         t_loops: int = 1,
         p_loops: int = 1,
         hooks: Iterable[Hook] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
-        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks)
+        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks, cuda_graphs=cuda_graphs)
         tau_t = 100.0 * dt_fs if tau_t_fs is None else tau_t_fs
         tau_p = 1000.0 * dt_fs if tau_p_fs is None else tau_p_fs
         if not (temperature_K > 0 and tau_t > 0 and tau_p > 0):

@@ -26,8 +26,10 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return ((x >> 16) ^ x) & _M32
 
 
-def _uniform(seed: int, step: int, ids: torch.Tensor, stream: int) -> torch.Tensor:
+def _uniform(seed: int, step: int | torch.Tensor, ids: torch.Tensor, stream: int) -> torch.Tensor:
     h = _mix32(ids.to(torch.int64) * 0x9E3779B1 + (seed & _M32))
+    # an int64 tensor step wraps its product modulo 2**64: the low 32 bits kept
+    # by the mask are those of the exact product, so both forms agree
     h = _mix32(h ^ ((step * 0x85EBCA6B + stream * 0xC2B2AE35) & _M32))
     h = _mix32(h + (ids.to(torch.int64) >> 32))
     # (h + 0.5) / 2**32 lies strictly inside (0, 1).
@@ -35,10 +37,18 @@ def _uniform(seed: int, step: int, ids: torch.Tensor, stream: int) -> torch.Tens
 
 
 def atom_normal(
-    seed: int, step: int, atom_ids: torch.Tensor, *, dtype: torch.dtype, components: int = 3
+    seed: int,
+    step: int | torch.Tensor,
+    atom_ids: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    components: int = 3,
 ) -> torch.Tensor:
     """Standard normal noise, shape ``(n_atoms, components)``, a function of
-    ``(seed, step, atom_id)`` only (Box-Muller over two hashed uniforms)."""
+    ``(seed, step, atom_id)`` only (Box-Muller over two hashed uniforms).
+
+    ``step`` may be an int64 0-dim tensor on the atoms' device (the same noise):
+    a captured step reads it from the device."""
     cols = []
     for c in range(components):
         u1 = _uniform(seed, step, atom_ids, 2 * c)
