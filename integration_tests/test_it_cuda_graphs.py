@@ -178,24 +178,46 @@ def test_domain_parallel_on_two_ranks_never_captures() -> None:
 
 
 # ------------------------------------------------------------- on a GPU
-def _close(dtype: torch.dtype) -> dict[str, float]:
-    # eager runs differ from each other by the atomics' summation order too
-    return {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-4}
+#: Differences a replayed run may show beyond those between two eager runs.
+_FLOOR = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def _within_eager_noise(kw: dict[str, Any], device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """A replayed run against an eager one, within 10x the difference between two
+    eager runs plus a floor: on a GPU the half list's atomics sum in a varying
+    order, so even eager runs differ, and a hot system amplifies that."""
+    batch = _hot()
+    eager = _trajectory(batch, 60, graphs=False, device=device, dtype=dtype, **kw)
+    again = _trajectory(batch, 60, graphs=False, device=device, dtype=dtype, **kw)
+    graphed = _trajectory(batch, 60, graphs=True, device=device, dtype=dtype, **kw)
+    for key in ("positions", "velocities", "forces", "energy"):
+        noise = float((again[key] - eager[key]).abs().max())
+        diff = float((graphed[key] - eager[key]).abs().max())
+        assert diff <= 10.0 * noise + _FLOOR[dtype], (kw, key, diff, noise)
+    assert graphed["replays"] > 30, kw
+    assert graphed["host_rebuilds"] == eager["host_rebuilds"], kw
+    assert graphed["device_builds"] > 1, kw
+    return graphed
+
+
+_GPU_CASES: list[dict[str, Any]] = [{}, {"hooks": True}, {"squeeze_at": 20}, {"langevin": True}]
+
+
+def test_the_gpu_comparison_runs_on_the_cpu_emulation() -> None:
+    """The check the GPU test makes, on CPU (where eager runs agree exactly)."""
+    _within_eager_noise({"langevin": True, "hooks": True}, "cpu", torch.float64)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_cuda_graph_replays_equal_eager_steps_on_a_gpu(dtype: torch.dtype) -> None:
-    batch = _hot()
-    cases: list[dict[str, Any]] = [{}, {"hooks": True}, {"squeeze_at": 20}, {"langevin": True}]
-    for kw in cases:
-        eager = _trajectory(batch, 60, graphs=False, device="cuda", dtype=dtype, **kw)
-        graphed = _trajectory(batch, 60, graphs=True, device="cuda", dtype=dtype, **kw)
-        for key in ("positions", "velocities", "forces", "energy"):
-            torch.testing.assert_close(graphed[key], eager[key], **_close(dtype), msg=f"{kw} {key}")
-        assert graphed["replays"] > 30, kw
-        assert graphed["host_rebuilds"] == eager["host_rebuilds"], kw
-        assert graphed["device_builds"] > 1, kw
+    for kw in _GPU_CASES:
+        _within_eager_noise(kw, "cuda", dtype)
+
+
+def _close(dtype: torch.dtype) -> dict[str, float]:
+    # eager runs differ from each other by the atomics' summation order too
+    return {"rtol": 1e-9, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 2e-4, "atol": 2e-4}
 
 
 @pytest.mark.gpu
