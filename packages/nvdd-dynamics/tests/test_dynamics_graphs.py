@@ -178,6 +178,27 @@ def test_langevin_steps_are_replayed_with_each_steps_own_noise() -> None:
     assert graphed.graphs.captures == 3 and graphed.graphs.replays > 10
 
 
+def test_a_step_count_set_by_hand_drops_the_graph() -> None:
+    """Langevin's replays read the step from the device: a host-side jump must
+    not be missed (a restart, a user resetting the count)."""
+
+    def run(graphs: bool) -> Any:
+        dyn = Langevin(Springs(), _batch(), dt_fs=1.5, temperature_K=300.0, cuda_graphs=graphs)
+
+        def jump(ctx: Any) -> None:
+            if ctx.step == 10:
+                dyn.step_count = 100
+
+        dyn.register_hook(HookStage.AFTER_STEP, jump)
+        with emulated_capture():
+            dyn.run(20)
+        return dyn
+
+    eager, graphed = run(False), run(True)
+    _assert_same(graphed, eager)
+    assert graphed.graphs.drops == 1 and "step count" in (graphed.graphs.last_drop or "")
+
+
 def test_the_noise_of_a_step_tensor_equals_the_noise_of_a_step_number() -> None:
     ids = torch.tensor([0, 1, 7, 2**40 + 3])
     for step in (0, 1, 12345, 2**31 + 7, 2**33 + 1):

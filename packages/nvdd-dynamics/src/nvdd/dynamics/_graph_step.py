@@ -137,6 +137,7 @@ class StepGraphs:
         self._copy_in: frozenset[str] = frozenset()
         self._callbacks: list[Callable[[], bool]] = []
         self._outputs: dict[str, torch.Tensor] = {}
+        self._next_step = -1
 
     @property
     def active(self) -> bool:
@@ -185,11 +186,13 @@ class StepGraphs:
             self._last_key = None
             return False
         if self._graph is not None:
-            if key == self._key and self._bind_inputs():
+            # (an integrator may read the step from a device counter: Langevin's noise)
+            steady = key == self._key and self.dyn.step_count == self._next_step
+            if steady and self._bind_inputs():
                 self._graph.replay()
                 self._after_replay()
                 return True
-            self.drop("the step's keys or inputs changed")
+            self.drop("the step's keys, inputs or step count changed")
         if key != self._last_key:
             self._streak = 0
             self._last_key = key
@@ -275,6 +278,7 @@ class StepGraphs:
 
     def _after_replay(self) -> None:
         self.replays += 1
+        self._next_step = self.dyn.step_count + 1  # the host counts after this call
         self.dyn.outputs = self._outputs
         fits = True
         try:
