@@ -301,6 +301,30 @@ def test_verlet_rebuilds_on_layout_changes() -> None:
     assert not vl.rebuilt
 
 
+@pytest.mark.parametrize("name", ["cell", "pbc", "atom_ids", "same values"])
+def test_verlet_sees_in_place_changes_of_the_builds_own_tensors(name: str) -> None:
+    """The reuse test skips comparing a tensor that is the build's own, unmodified
+    (a host read each on a GPU); a change in place bumps its version and counts."""
+    b, cutoff, skin = _verlet_setup()
+    b = b.replace(atom_ids=b.atom_ids.clone())
+    vl = VerletList(cutoff, skin)
+    _search(vl, b, atom_ids=b.atom_ids)
+    _search(vl, b, atom_ids=b.atom_ids)
+    assert not vl.rebuilt  # the same tensors: reused
+    if name == "cell":
+        b.cell.mul_(0.8)  # a strain that eats the whole skin
+    elif name == "pbc":
+        b.pbc.fill_(True)
+    elif name == "atom_ids":
+        b.atom_ids.copy_(b.atom_ids.flip(0))
+    else:  # a new version with the same values: compared, and still reused
+        b.system_index.add_(0)
+        b.cell.mul_(1.0)
+    got = _search(vl, b, atom_ids=b.atom_ids)
+    assert vl.rebuilt == (name != "same values"), name
+    assert edge_set(got) == brute_edges_batch(b, cutoff)
+
+
 def test_verlet_with_zero_skin_rebuilds_on_any_move_only() -> None:
     b, cutoff, _ = _verlet_setup()
     vl = VerletList(cutoff, 0.0)

@@ -24,8 +24,23 @@ class _Reference:
     atom_ids: torch.Tensor | None
     n_receivers: int | None
     topology: object
-    #: The caller's cell tensor and its version at the build (identity, not values).
-    cell_source: tuple[torch.Tensor, int] | None = None
+    #: The caller's tensors and their versions at the build, by name (``cell``,
+    #: ``pbc``, ``system_index``, ``atom_ids``): while a call passes the same
+    #: tensor unmodified, its comparison (a host read on a GPU) is skipped.
+    sources: tuple[tuple[str, torch.Tensor, int], ...] = ()
+
+    def unchanged(self, name: str, tensor: torch.Tensor | None) -> bool:
+        """Whether ``tensor`` is the build's tensor ``name``, not modified since."""
+        for key, source, version in self.sources:
+            if key == name:
+                return tensor is source and tensor._version == version
+        return False
+
+
+def _same(ref: _Reference, name: str, built: torch.Tensor, now: torch.Tensor) -> bool:
+    """``now`` equals the build's ``built`` (by identity and version when it is the
+    build's tensor, else by value)."""
+    return ref.unchanged(name, now) or (built.shape == now.shape and torch.equal(built, now))
 
 
 class VerletList:
@@ -155,7 +170,16 @@ class VerletList:
                     atom_ids=None if atom_ids is None else atom_ids.clone(),
                     n_receivers=n_receivers,
                     topology=topology,
-                    cell_source=(cell, cell._version),
+                    sources=tuple(
+                        (name, t, t._version)
+                        for name, t in (
+                            ("cell", cell),
+                            ("pbc", pbc),
+                            ("system_index", system_index),
+                            ("atom_ids", atom_ids),
+                        )
+                        if t is not None
+                    ),
                 )
                 self.n_builds += 1
             candidates = self._candidates
@@ -188,17 +212,19 @@ class VerletList:
             or (ref.atom_ids is None) != (atom_ids is None)
         ):
             return True
-        if not (torch.equal(ref.pbc, pbc) and torch.equal(ref.system_index, system_index)):
+        if not (
+            _same(ref, "pbc", ref.pbc, pbc)
+            and _same(ref, "system_index", ref.system_index, system_index)
+        ):
             return True
         if (
             atom_ids is not None
             and ref.atom_ids is not None
-            and (ref.atom_ids.shape != atom_ids.shape or not torch.equal(ref.atom_ids, atom_ids))
+            and not _same(ref, "atom_ids", ref.atom_ids, atom_ids)
         ):
             return True
         if positions.shape[0] == 0:
             return False
-        source = ref.cell_source
         exceeded = skin_exceeded(
             positions,
             ref.positions,
@@ -207,7 +233,7 @@ class VerletList:
             cell.detach(),
             cutoff=self._cutoff,
             skin=self._skin,
-            same_cell=source is not None and source[0] is cell and source[1] == cell._version,
+            same_cell=ref.unchanged("cell", cell),
         )
         # a NaN displacement never exceeds a threshold: rebuild (and the build raises)
         return bool(exceeded | ~torch.isfinite(positions).all())
