@@ -52,6 +52,7 @@ from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._files import AppendLog, atomic_write
 from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
+from nvdd.core._memo import TensorMemo
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
 from nvdd.core._strain import (
@@ -94,6 +95,7 @@ __all__ = [
     "RankProgress",
     "RankTimeoutError",
     "StepGraph",
+    "TensorMemo",
     "ValidationError",
     "Watchdog",
     "__version__",

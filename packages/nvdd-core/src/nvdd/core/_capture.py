@@ -155,17 +155,15 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
 #: Operations that read a device value on the host (or have data-dependent
 #: shapes): a CUDA graph cannot hold them.
 _HOST_READS = frozenset(
-    name
-    for name in (
-        "_local_scalar_dense",
+    {
+        "_local_scalar_dense",  # .item(), float(), int(), bool()
         "nonzero",
         "is_nonzero",
         "equal",
         "unique_consecutive",
         "_unique2",
         "masked_select",
-        "item",
-    )
+    }
 )
 
 

@@ -29,6 +29,7 @@ from nvdd.core import (
     Batch,
     ConfigurationError,
     ModelOutputs,
+    TensorMemo,
     ValidationError,
     after_replay,
     all_reduce,
@@ -181,7 +182,7 @@ class DistributedModel:
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
         self._ref_cell: torch.Tensor | None = None
-        self._cell_at_build: tuple[torch.Tensor | None, int] = (None, -1)
+        self._cell_at_build = TensorMemo()
         self._version = 0
         self._whole = False
         self._finite = LazyFiniteCheck()
@@ -409,7 +410,6 @@ class DistributedModel:
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
             dom = part.domain_cell
             reach = self.ghost_width - self.config.hysteresis - skin
-            built, version = self._cell_at_build
             moved = skin_exceeded(
                 pos,
                 ref,
@@ -418,7 +418,7 @@ class DistributedModel:
                 dom(batch.cell),
                 cutoff=reach,
                 skin=skin,
-                same_cell=batch.cell is built and batch.cell._version == version,
+                same_cell=self._cell_at_build.same(batch.cell),
             ).to(torch.int32)
         code = torch.where(nonfinite_flag(batch) == 0, moved, torch.full_like(moved, 2)).reshape(1)
         if get_world_size(self.sharded.group) > 1:
@@ -489,9 +489,9 @@ class DistributedModel:
         self._plan = plan
         self._ref_positions = local.positions.detach().clone()
         self._ref_cell = local.cell.detach().clone()
-        # the cell tensor itself and its version: while a step's batch holds it
-        # unmodified, the skin test needs no cell algebra (skin_exceeded(same_cell))
-        self._cell_at_build = (local.cell, local.cell._version)
+        # while a step's batch holds this cell tensor unmodified, the skin test
+        # needs no cell algebra (skin_exceeded(same_cell))
+        self._cell_at_build.remember(local.cell)
         self._version += 1
         self.stats.rebuilds += 1
 

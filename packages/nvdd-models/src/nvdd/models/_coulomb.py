@@ -194,15 +194,7 @@ class CoulombModel(HaloModelMixin, torch.nn.Module):
             lambda: None,
             lambda: charges_problem(batch) or self._periodic_problem(batch),
         )
-        edges = self.neighbors(
-            batch.positions,
-            batch.cell,
-            batch.pbc,
-            batch.system_index,
-            atom_ids=batch.atom_ids,
-            n_receivers=n_receivers,
-            topology=topology,
-        )
+        edges = self.neighbors.for_batch(batch, n_receivers=n_receivers, topology=topology)
         with torch.no_grad():
             return self._outputs(batch, edges, n_receivers, compute_stress)
 

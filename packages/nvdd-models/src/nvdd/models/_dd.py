@@ -337,15 +337,7 @@ class HaloModelMixin(BaseModelMixin):
             lambda: check_species(self.species_rows, batch.atomic_numbers),
         )
         rows = self.species_rows.index_select(0, batch.atomic_numbers)
-        edges = self.neighbors(
-            batch.positions,
-            batch.cell,
-            batch.pbc,
-            batch.system_index,
-            atom_ids=batch.atom_ids,
-            n_receivers=n_receivers,
-            topology=topology,
-        )
+        edges = self.neighbors.for_batch(batch, n_receivers=n_receivers, topology=topology)
         return n_receivers, rows, edges
 
     def atom_energies(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nvdd.core import TensorMemo
 from nvdd.models import _cell_kernels as ck
 from nvdd.models._checks import fail
 
@@ -103,24 +103,6 @@ class PinnedMirror(FlagMirror):  # pragma: no cover - CUDA only (its logic: test
 def default_mirror(flags: torch.Tensor) -> FlagMirror:
     """:class:`PinnedMirror` for CUDA flags, :class:`HostMirror` otherwise."""
     return PinnedMirror(flags) if flags.device.type == "cuda" else HostMirror(flags)
-
-
-class TensorMemo:
-    """Remembers one tensor by identity and version (content unchanged since)."""
-
-    def __init__(self) -> None:
-        self._ref: weakref.ReferenceType[torch.Tensor] | None = None
-        self._version = -1
-
-    def same(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` is the remembered tensor, not modified in place since
-        (writes that bypass torch's version counter are not seen)."""
-        return self._ref is not None and self._ref() is t and t._version == self._version
-
-    def remember(self, t: torch.Tensor) -> None:
-        """Remember ``t`` (weakly) at its current version."""
-        self._ref = weakref.ref(t)
-        self._version = t._version
 
 
 @dataclass

@@ -273,15 +273,7 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         )
         dd = current_dd_context().layout is not None
         search_rows = None if (dd and self._exchange is None) else n_receivers
-        edges = self.neighbors(
-            batch.positions,
-            batch.cell,
-            batch.pbc,
-            batch.system_index,
-            atom_ids=batch.atom_ids,
-            n_receivers=search_rows,
-            topology=topology,
-        )
+        edges = self.neighbors.for_batch(batch, n_receivers=search_rows, topology=topology)
         z = batch.atomic_numbers
         return outputs_by_autograd(
             lambda pos, cell: self.dispersion_energies(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from nvdd.core import skin_exceeded
+from nvdd.core import Batch, TensorMemo, skin_exceeded
 from nvdd.models._checks import check_geometry, check_positive, check_receivers, fail
 from nvdd.models._neighbors import EdgeList, NeighborList
 
@@ -24,17 +24,25 @@ class _Reference:
     atom_ids: torch.Tensor | None
     n_receivers: int | None
     topology: object
-    #: The caller's tensors and their versions at the build, by name (``cell``,
-    #: ``pbc``, ``system_index``, ``atom_ids``): while a call passes the same
-    #: tensor unmodified, its comparison (a host read on a GPU) is skipped.
-    sources: tuple[tuple[str, torch.Tensor, int], ...] = ()
+    #: The caller's tensors at the build, by name (``cell``, ``pbc``,
+    #: ``system_index``, ``atom_ids``): while a call passes the same tensor
+    #: unmodified, its comparison (a host read on a GPU) is skipped.
+    sources: dict[str, TensorMemo] = field(default_factory=dict)
 
     def unchanged(self, name: str, tensor: torch.Tensor | None) -> bool:
         """Whether ``tensor`` is the build's tensor ``name``, not modified since."""
-        for key, source, version in self.sources:
-            if key == name:
-                return tensor is source and tensor._version == version
-        return False
+        memo = self.sources.get(name)
+        return memo is not None and memo.same(tensor)
+
+
+def _memos(**tensors: torch.Tensor | None) -> dict[str, TensorMemo]:
+    """A :class:`~nvdd.core.TensorMemo` of every tensor given."""
+    memos = {}
+    for name, t in tensors.items():
+        if t is not None:
+            memos[name] = TensorMemo()
+            memos[name].remember(t)
+    return memos
 
 
 def _same(ref: _Reference, name: str, built: torch.Tensor, now: torch.Tensor) -> bool:
@@ -170,15 +178,8 @@ class VerletList:
                     atom_ids=None if atom_ids is None else atom_ids.clone(),
                     n_receivers=n_receivers,
                     topology=topology,
-                    sources=tuple(
-                        (name, t, t._version)
-                        for name, t in (
-                            ("cell", cell),
-                            ("pbc", pbc),
-                            ("system_index", system_index),
-                            ("atom_ids", atom_ids),
-                        )
-                        if t is not None
+                    sources=_memos(
+                        cell=cell, pbc=pbc, system_index=system_index, atom_ids=atom_ids
                     ),
                 )
                 self.n_builds += 1
@@ -190,6 +191,21 @@ class VerletList:
             r = candidates.vectors(pos, cell.detach(), system_index)
             keep = (r * r).sum(dim=1) < self._cutoff * self._cutoff
             return candidates.select(keep)
+
+    def for_batch(
+        self, batch: Batch, *, n_receivers: int | None = None, topology: object = None
+    ) -> EdgeList:
+        """:meth:`__call__` on ``batch``'s positions, cell, pbc, system index and
+        atom ids."""
+        return self(
+            batch.positions,
+            batch.cell,
+            batch.pbc,
+            batch.system_index,
+            atom_ids=batch.atom_ids,
+            n_receivers=n_receivers,
+            topology=topology,
+        )
 
     def _needs_rebuild(
         self,
