@@ -203,9 +203,12 @@ def _within_eager_noise(kw: dict[str, Any], device: str, dtype: torch.dtype) -> 
 _GPU_CASES: list[dict[str, Any]] = [{}, {"hooks": True}, {"squeeze_at": 20}, {"langevin": True}]
 
 
-def test_the_gpu_comparison_runs_on_the_cpu_emulation() -> None:
-    """The check the GPU test makes, on CPU (where eager runs agree exactly)."""
-    _within_eager_noise({"langevin": True, "hooks": True}, "cpu", torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_the_gpu_comparison_runs_on_the_cpu_emulation(dtype: torch.dtype) -> None:
+    """The check the GPU test makes, on CPU (where eager runs agree exactly), in
+    both dtypes (a float32 model and batch through the captured step)."""
+    out = _within_eager_noise({"langevin": True, "hooks": True}, "cpu", dtype)
+    assert out["positions"].dtype == dtype
 
 
 @pytest.mark.gpu
