@@ -395,6 +395,39 @@ def largest(device: str, dtype_name: str, start_cells: int, steps: int) -> list[
     return rows
 
 
+def largest_dd(
+    device: str, dtype_name: str, start_cells: int, steps: int, world: int
+) -> list[dict[str, Any]]:
+    """Double the atoms of DomainParallel on ``world`` ranks (one GPU each) until a
+    rank runs out of memory (caught: a row, not a crash); one row per size."""
+    from nvdd.core import RankFailedError, spawn_ranks
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    rows: list[dict[str, Any]] = []
+    cells = start_cells
+    while True:
+        try:
+            every = spawn_ranks(
+                dd, world, cells, steps, 2, device, dtype_name, "lj", False, True,
+                backend=backend, timeout_s=1800, start_method="spawn",
+            )  # fmt: skip
+        except RankFailedError as exc:
+            if "out of memory" not in str(exc).lower():
+                raise
+            rows.append({"run": "DomainParallel (out of memory)", "ranks": world, "cells": cells,
+                         "atoms": 4 * cells**3, "ms_per_step": math.nan, "peak_bytes": 0})  # fmt: skip
+            break
+        res = {**every[0], "peak_per_rank": [r["peak_bytes"] for r in every]}
+        rows.append({"run": "DomainParallel", "ranks": world, "cells": cells, **res})
+        print(f"  {res['atoms']:>12,d} atoms on {world} ranks: {res['ms_per_step']:.1f} ms/step, "
+              "peak GiB per rank " + " ".join(f"{b / 2**30:.1f}" for b in res["peak_per_rank"]),
+              flush=True)  # fmt: skip
+        cells = math.ceil(cells * 2 ** (1 / 3))
+        if device == "cpu" and cells > 2 * start_cells:  # CPU: a smoke check of the loop
+            break
+    return rows
+
+
 # --------------------------------------------------------------------- main
 def _print(title: str, rows: list[dict[str, Any]]) -> None:
     peers = [r for r in rows if r["run"].startswith("peer")]
@@ -404,7 +437,7 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
     cols = ("exchange", "fold", "migrate", "plan")
     print(
         f"{'run':<30}{'ranks':>6}{'ms/step':>10}{'nvdd/peer':>10}{'vs raw':>8}{'eff.':>7}"
-        f"{'B/atom':>8}" + "".join(f"{c:>9}" for c in cols)
+        f"{'B/atom':>8}" + "".join(f"{c:>9}" for c in cols) + "  peak GiB per rank"
     )
     for r in rows:
         ms = r["ms_per_step"]
@@ -422,6 +455,8 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
             f"{r['run']:<30}{r['ranks']:>6}{ms:>10.2f}{ratio:>10.2f}{speed:>8.2f}"
             f"{speed / r['ranks']:>7.2f}{per_atom:>8.0f}"
             + "".join(f"{100 * shares.get(c, 0.0):>8.1f}%" for c in cols)
+            + "  "
+            + " ".join(f"{b / 2**30:.2f}" for b in r.get("peak_per_rank", [r.get("peak_bytes", 0)]))
         )
     one = next((r for r in rows if r["run"] == "DomainParallel" and r["ranks"] == 1), None)
     replayed = [f"{r['run']} {r['replays']}" for r in rows if r.get("replays")]
@@ -470,18 +505,24 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     if args.largest:
         start = args.start_cells if args.device != "cpu" else min(args.start_cells, 6)
-        rows = largest(args.device, args.dtype[0], start, max(3, min(args.steps, 10)))
-        fitted = [r for r in rows if r["run"] == "raw"]
+        n_steps = max(3, min(args.steps, 10))
+        world = max(args.worlds or [1])
+        if world > 1:  # DomainParallel on that many GPUs
+            rows = largest_dd(args.device, args.dtype[0], start, n_steps, world)
+        else:
+            rows = largest(args.device, args.dtype[0], start, n_steps)
+        fitted = [r for r in rows if r["run"] in ("raw", "DomainParallel")]
         if fitted:
             big, last = fitted[-1], rows[-1]
             why = (
                 f"{last['atoms']:,d} atoms ran out of memory"
-                if last["run"] != "raw"
+                if "out of memory" in last["run"]
                 else "stopped before running out of memory (CPU smoke check)"
             )
+            where = f"{world} ranks" if world > 1 else "one process"
             print(
-                f"\nlargest LJ {args.dtype[0]} system that ran on {args.device}: {big['atoms']:,d} "
-                f"atoms ({big['peak_bytes'] / big['atoms']:.0f} B/atom, "
+                f"\nlargest LJ {args.dtype[0]} system that ran on {args.device} ({where}): {big['atoms']:,d} "
+                f"atoms ({sum(big.get('peak_per_rank', [big['peak_bytes']])) / big['atoms']:.0f} B/atom, "
                 f"{big['ms_per_step']:.1f} ms/step); {why}"
             )
         results.extend(rows)
@@ -521,11 +562,12 @@ def main() -> None:
                         for halo in (False, True) if world == 1 else (False,):
                             if halo and not graphs:
                                 continue  # (a halo step is never captured)
-                            res = spawn_ranks(
+                            every = spawn_ranks(
                                 dd, world, cells, args.steps, args.warmup, args.device, dtype,
                                 args.model, halo, graphs, backend=backend, timeout_s=1800,
                                 threads_per_rank=per_rank, start_method="spawn",
-                            )[0]  # fmt: skip
+                            )  # fmt: skip
+                            res = {**every[0], "peak_per_rank": [r["peak_bytes"] for r in every]}
                             label = "DomainParallel" + (" (halo forced)" if halo else tag)
                             rows.append({"run": label, "ranks": world, "graphs": graphs, **res})
                 atoms = rows[0]["atoms"] if rows else 4 * cells**3

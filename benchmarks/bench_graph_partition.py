@@ -18,6 +18,7 @@ Usage::
 
     python benchmarks/bench_graph_partition.py --quick           # CPU, gloo
     python benchmarks/bench_graph_partition.py --cells 12 --worlds 2 4 --features 32 128
+    python benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 --worlds 1 2
 
 Alternating repeats within one run; ratios are the result, not a test.
 """
@@ -129,8 +130,9 @@ def exchange(cells: int, features: list[int], repeats: int, order: str) -> dict[
     return out
 
 
-def step(cells: int, steps: int, warmup: int) -> dict[str, Any]:
-    """Every rank: MPNN MD under HALO and under GRAPH_PARTITION, alternating chunks."""
+def step(cells: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Any]:
+    """Every rank: MPNN MD under HALO and under GRAPH_PARTITION, alternating chunks
+    (``device="cuda"``: one GPU per rank, NCCL)."""
     import torch.distributed as dist
 
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
@@ -138,13 +140,21 @@ def step(cells: int, steps: int, warmup: int) -> dict[str, Any]:
     from nvdd.spec import StrategyKind
 
     rank = dist.get_rank()
+    dev = f"cuda:{torch.cuda.current_device()}" if device == "cuda" else "cpu"
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+
     runs: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for kind in (StrategyKind.HALO, StrategyKind.GRAPH_PARTITION):
             cfg = MPNNConfig(cutoff=CUTOFF, species=(18,), hidden=32, n_layers=2, skin=SKIN)
-            batch = _box(cells if rank == 0 else 1, "space")
-            dyn = VelocityVerlet(ReferenceMPNN(cfg), batch, dt_fs=4.0)
+            batch = _box(cells if rank == 0 else 1, "space").to(dev, torch.float32)
+            model = ReferenceMPNN(cfg).to(device=dev, dtype=torch.float32)
+            dyn = VelocityVerlet(model, batch, dt_fs=4.0)
             dp = DomainParallel(dyn, DomainConfig(cutoff=CUTOFF, skin=SKIN, strategy=kind))
             dp.partition()
             dp.run(warmup)
@@ -152,10 +162,10 @@ def step(cells: int, steps: int, warmup: int) -> dict[str, Any]:
         seconds = dict.fromkeys(runs, 0.0)
         for _ in range(4):
             for name, dp in runs.items():
-                dist.barrier()
+                sync()
                 t0 = time.perf_counter()
                 dp.run(max(1, steps // 4))
-                dist.barrier()
+                sync()
                 seconds[name] += time.perf_counter() - t0
         out = {
             name: {
@@ -180,6 +190,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="--cells 6 --worlds 2 --repeats 10")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="the step part on one GPU per rank (NCCL); the exchange part is CPU only")  # fmt: skip
     a = p.parse_args()
     if a.quick:
         a.cells, a.worlds, a.repeats, a.steps = 6, [2], 10, 8
@@ -187,7 +199,7 @@ def main() -> None:
 
     os.environ["OMP_NUM_THREADS"] = "1"
     n_atoms = 4 * a.cells**3
-    if a.part in ("exchange", "both"):
+    if a.part in ("exchange", "both") and a.device == "cpu":
         print(
             f"\nper-layer exchange under GRAPH_PARTITION, argon {n_atoms} atoms, float32 features"
         )
@@ -216,12 +228,15 @@ def main() -> None:
                         f"{ms['alltoall-dense']:>14.3f}"
                     )
     if a.part in ("step", "both"):
-        print(f"\nMPNN MD step (eager), argon {n_atoms} atoms, HALO vs GRAPH_PARTITION")
+        print(f"\nMPNN MD step (eager, float32, {a.device}), argon {n_atoms} atoms, "
+              "HALO vs GRAPH_PARTITION")  # fmt: skip
         print(f"{'ranks':>6}{'halo ms':>10}{'ghosts':>8}{'gp ms':>9}{'ghosts':>8}")
         for world in a.worlds:
             res = spawn_ranks(
-                step, world, a.cells, a.steps, a.warmup, timeout_s=3600, threads_per_rank=1
-            )
+                step, world, a.cells, a.steps, a.warmup, a.device, timeout_s=3600,
+                threads_per_rank=1, backend="nccl" if a.device == "cuda" else "gloo",
+                start_method="spawn" if a.device == "cuda" else "forkserver",
+            )  # fmt: skip
             h = max(r["halo"]["ms_per_step"] for r in res)
             g = max(r["graph_partition"]["ms_per_step"] for r in res)
             hg = max(r["halo"]["n_ghost"] for r in res)

@@ -93,6 +93,49 @@ graphs)
   timeout 520 python3 benchmarks/bench_dp.py --device cuda --cells 32 63 --dtype float32 float64 \
     --graphs on off --steps 200 --warmup 30 --worlds 1 --json "$out/graphs.json" 2>&1 | quiet
   ;;
+x2suite)
+  step "device topology"
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nvidia-smi topo -m | head -4
+  step "NCCL integration suite on 2 GPUs, fp64 + fp32 (tools/multigpu: no installs)"
+  NVDD_PYTHON=python3 timeout 300 tools/multigpu --dtype both 2>&1 | grep -E "PASS|FAIL|scenarios|Error|error|Traceback" | head -40
+  step "nvdd run --device cuda --nproc 2 (256,000 atoms)"
+  timeout 200 python3 -m nvalchemi.distributed.cli run --device cuda --nproc 2 --cells 40 \
+    --nvt-steps 50 --nve-steps 50 --out "$out/run2" 2>&1 | grep -v -i "it/s\|warp \|module " | tail -25
+  ;;
+x2lj)
+  step "LJ 1M and 4M, fp32 + fp64: peer, raw, DomainParallel on 1 and 2 GPUs"
+  timeout 570 python3 benchmarks/bench_dp.py --device cuda --cells 63 100 --dtype float32 float64 \
+    --steps 50 --warmup 10 --worlds 1 2 --json "$out/x2_lj.json" 2>&1 | quiet
+  ;;
+x2mpnn)
+  step "reference MPNN 97,556 and 389,344 atoms fp32: raw, DomainParallel on 1 and 2 GPUs"
+  timeout 330 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 29 46 --dtype float32 \
+    --steps 20 --warmup 5 --worlds 1 2 --json "$out/x2_mpnn.json" 2>&1 | quiet
+  step "weak scaling: 2,048,000 LJ atoms fp32 on 2 GPUs (1M per GPU; 1 GPU at 1M in x2lj)"
+  timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells 80 --dtype float32 --no-peer \
+    --steps 50 --warmup 10 --worlds 2 --json "$out/x2_weak.json" 2>&1 | quiet
+  ;;
+x2final)
+  step "where a 2-GPU LJ step goes (1M atoms fp32): steady steps vs rebuild steps"
+  timeout 120 python3 benchmarks/profile_dd.py --device cuda --world 2 --cells 63 --dtype float32 \
+    --steps 40 2>&1 | quiet | grep -v "USDT" | head -40
+  step "LJ 1M fp32: peer, raw, DomainParallel on 1 and 2 GPUs (domain and pbc kept on the GPU)"
+  timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 \
+    --steps 100 --warmup 20 --worlds 1 2 --json "$out/x2_lj_final.json" 2>&1 | quiet
+  step "MPNN 97,556 atoms fp32: HALO vs GRAPH_PARTITION on 1 and 2 GPUs"
+  timeout 200 python3 benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 \
+    --worlds 1 2 --steps 20 2>&1 | quiet
+  ;;
+x2big)
+  step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"
+  timeout 230 python3 benchmarks/bench_dp.py --device cuda --largest --worlds 2 --dtype float32 \
+    --start-cells 302 --json "$out/x2_largest.json" 2>&1 | quiet
+  step "MACE medium fp32: plain (1 GPU) and DomainParallel on 2 GPUs, doubling until OOM"
+  timeout 240 python3 benchmarks/bench_mace.py --device cuda --modes plain dd2 --start-cells 24 \
+    --doublings 2 --steps 3 --warmup 1 --dtypes float32 --json "$out/x2_mace.json" 2>&1 | quiet | grep -v "UserWarning\|_Jd, _W3j\|cuequivariance or"
+  step "PME 100k charges: raw, DomainParallel on 1 and 2 GPUs"
+  timeout 110 python3 benchmarks/bench_pme.py --device cuda --atoms 100000 --worlds 1 2 2>&1 | quiet
+  ;;
 *)
   step "$phase"
   shift 2

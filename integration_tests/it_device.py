@@ -26,7 +26,7 @@ from nvdd.dynamics import (
 )
 from nvdd.partition import ShardedBatch
 from nvdd.spec import StrategyKind
-from nvdd.testing import fake_accelerator
+from nvdd.testing import fake_accelerator, record_host_syncs
 
 
 def _two_systems() -> Batch:
@@ -102,3 +102,38 @@ def cpu_and_fake(
     with fake_accelerator() as dev:
         fake = _run(kind, model_name, dev, strategy)
     return cpu, fake
+
+
+def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str, Any]:
+    """Host synchronisations of DomainParallel steps on the fake accelerator.
+
+    Runs a velocity-Verlet DD run on the fake device, then records (with
+    ``nvdd.testing.record_host_syncs``) every operation that would make a CUDA
+    device wait for the host during ``steps`` steps in one ``run`` call, and
+    during one step after a forced rebuild. Returns the logs, the rebuild count
+    of the steady window and the owned atoms after the rebuild.
+    """
+    model, cutoff = model_for(model_name)
+    with fake_accelerator() as dev, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model.to(dev)
+        batch = crystal(kind, temperature_k=30.0).to(dev)
+        dyn = VelocityVerlet(model, batch, dt_fs=1.0)
+        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=1.0)) as dp:
+            dp.partition()
+            dp.run(3)
+            before = dp.stats.rebuilds
+            with record_host_syncs() as steady:
+                dp.run(steps)
+            steady_rebuilds = dp.stats.rebuilds - before
+            dp.model.request_rebuild()
+            with record_host_syncs() as rebuild:
+                dp.run(1)
+            n_owned = dp.stats.n_owned
+    return {
+        "n_owned": n_owned,
+        "steady": list(steady),
+        "steady_rebuilds": steady_rebuilds,
+        "rebuild": list(rebuild),
+        "steps": steps,
+    }

@@ -12,6 +12,7 @@ from nvdd.testing import (
     DeviceMixingError,
     FakeDeviceTensor,
     fake_accelerator,
+    record_host_syncs,
     run_ranks,
     to_fake,
 )
@@ -90,3 +91,32 @@ def test_collectives_take_device_tensors_only() -> None:
         assert dev == "meta"
         assert total == 9.0  # (1 + 2) * 3
         assert "CPU tensors of shapes [(3,)]" in refused
+
+
+def test_record_host_syncs_logs_what_would_make_a_gpu_wait() -> None:
+    with fake_accelerator() as dev:
+        t = to_fake(torch.tensor([1.0, -2.0, 3.0]))
+        host = torch.tensor([4.0, 5.0, 6.0])
+        with record_host_syncs() as log:
+            u = (t * 2 + 1).abs().sum(dim=0)  # device work only: nothing logged
+            assert log == []
+            float(u)
+            t.cpu()
+            host.to(dev)
+            t[t > 0]
+            t.nonzero()
+            t.tolist()
+            host * 2  # host work only: nothing logged
+        kinds = [entry.split(" at ")[0] for entry in log]
+        assert kinds == [
+            "scalar read",
+            "device-to-host copy of 3 values",
+            "host-to-device copy of 3 values",
+            "boolean-mask indexing (data-dependent shape)",
+            "aten::nonzero (data-dependent shape)",
+            "tolist",
+        ]
+        with record_host_syncs() as outside_nvdd:
+            t.sum().item()
+        assert outside_nvdd == ["scalar read at ?"]  # no nvdd frame on the stack
+    t.sum()  # (after the block: plain CPU again, nothing recorded anywhere)

@@ -446,9 +446,12 @@ def build_halo_plan(
         recv = torch.empty(sum(recv_list), META_WIDTH, dtype=torch.int64, device=cdev)
         all_to_all_single(recv, meta.to(cdev), recv_list, send_list, group=group)
         recv = recv.to(dev)
+    # built on the atoms' device: only the world-sized counts cross from the host
     owner_rank = torch.repeat_interleave(
-        torch.arange(world, dtype=torch.int64), torch.as_tensor(recv_list, dtype=torch.int64)
-    ).to(dev)
+        torch.arange(world, dtype=torch.int64, device=dev),
+        torch.as_tensor(recv_list, dtype=torch.int64).to(dev),
+        output_size=int(recv.shape[0]),
+    )
     route = Route(
         send_index=meta[:, META_ROW].contiguous(),
         send_counts=send_list,

@@ -358,7 +358,7 @@ class ShardedBatch(OwnedRows):
         n_sent = int((dest != rank).sum())
         stats = torch.cat(
             [
-                torch.bincount(dest.cpu(), minlength=world),
+                torch.bincount(dest, minlength=world).cpu(),  # (counted where dest lives)
                 torch.tensor([n_sent, n_bad], dtype=torch.int64),
             ]
         )

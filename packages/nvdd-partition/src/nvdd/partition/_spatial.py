@@ -113,7 +113,7 @@ class SpatialPartitioner:
         without atoms when positions are given.
     """
 
-    __slots__ = ("_boxes", "_s")
+    __slots__ = ("_boxes", "_on_device", "_s")
 
     def __init__(
         self,
@@ -208,6 +208,18 @@ class SpatialPartitioner:
     def _set(self, state: _State) -> None:
         self._s = state
         self._boxes = torch.stack([t.boxes() for t in state.tables])
+        # (domain, pbc) copied to a device and dtype once per state: a copy from
+        # host memory each step would make a GPU wait for the host (domain_cell)
+        self._on_device: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
+
+    def _domain_on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """``(domain, pbc)`` of the state on ``device`` (domain in ``dtype``), cached."""
+        key = (device, dtype)
+        found = self._on_device.get(key)
+        if found is None:
+            found = (self._s.domain.to(device=device, dtype=dtype), self._s.pbc.to(device))
+            self._on_device[key] = found
+        return found
 
     @classmethod
     def _from_state(cls, state: _State) -> SpatialPartitioner:
@@ -345,8 +357,8 @@ class SpatialPartitioner:
             raise ValidationError(
                 f"cell has shape {tuple(cell.shape)}, expected ({self.n_systems}, 3, 3)"
             )
-        dom = self._s.domain.to(device=c.device, dtype=c.dtype)
-        return torch.where(self._s.pbc.to(c.device).unsqueeze(-1), c, dom)
+        dom, pbc = self._domain_on(c.device, c.dtype)
+        return torch.where(pbc.unsqueeze(-1), c, dom)
 
     def ghost_frac(self, cell: torch.Tensor | None = None) -> torch.Tensor:
         """The ghost width in fractional units per system and axis, float64

@@ -21,6 +21,7 @@ from nvdd.testing._fake_device import (
     DeviceMixingError,
     FakeDeviceTensor,
     fake_accelerator,
+    record_host_syncs,
     to_fake,
 )
 from nvdd.testing._oracle import (
@@ -51,6 +52,7 @@ __all__ = [
     "assert_dd_equivalent",
     "assert_same_ids",
     "fake_accelerator",
+    "record_host_syncs",
     "boundary_variant",
     "gather_by_id",
     "run_ranks",

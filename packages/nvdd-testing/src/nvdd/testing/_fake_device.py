@@ -39,7 +39,14 @@ from torch.utils._pytree import tree_map
 
 from nvdd.core import Batch
 
-__all__ = ["FAKE_DEVICE", "DeviceMixingError", "FakeDeviceTensor", "fake_accelerator", "to_fake"]
+__all__ = [
+    "FAKE_DEVICE",
+    "DeviceMixingError",
+    "FakeDeviceTensor",
+    "fake_accelerator",
+    "record_host_syncs",
+    "to_fake",
+]
 
 #: The device fake-accelerator tensors report.
 FAKE_DEVICE = torch.device("meta")
@@ -70,6 +77,83 @@ _COLLECTIVES = (
     "send",
     "recv",
 )
+
+
+#: Operators whose output shape depends on device data (a CUDA host synchronisation).
+_DATA_SHAPED = {
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten._unique2.default,
+    _aten.unique_dim.default,
+    _aten.unique_consecutive.default,
+}
+#: The open :func:`record_host_syncs` log (None: not recording).
+_SYNC_LOG: list[str] | None = None
+
+
+@contextmanager
+def record_host_syncs() -> Iterator[list[str]]:
+    """Record every operation on the fake accelerator that would synchronise a
+    CUDA device with the host.
+
+    Use inside :func:`fake_accelerator`. Yields a list that grows by one
+    description per event (the operation, and the innermost ``nvdd`` source
+    line that caused it): a copy between the host and the fake device in either
+    direction (a host-to-device copy from pageable memory waits for the stream
+    as well), a scalar read (``.item()``, ``int(t)``, ``bool(t)``), ``tolist``,
+    and operators whose output shape depends on device data (``nonzero``,
+    boolean-mask indexing, ``unique``). CPU-only work is not recorded.
+    """
+    global _SYNC_LOG
+    previous, _SYNC_LOG = _SYNC_LOG, []
+    try:
+        yield _SYNC_LOG
+    finally:
+        _SYNC_LOG = previous
+
+
+def _record(what: str) -> None:
+    if _SYNC_LOG is None:
+        return
+    import traceback
+
+    where = "?"
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "/nvdd/" in frame.filename and "/testing/" not in frame.filename:
+            where = f"{frame.filename.split('/nvdd/')[-1]}:{frame.lineno} ({frame.name})"
+            break
+    _SYNC_LOG.append(f"{what} at {where}")
+
+
+def _note_sync(func: Any, args: Any, kwargs: dict[str, Any], to_device: bool) -> None:
+    """Log ``func`` in :data:`_SYNC_LOG` if it would synchronise a CUDA device."""
+    first = args[0] if args else None
+    if func is _aten._to_copy.default:
+        target = kwargs.get("device")
+        if (
+            to_device
+            and isinstance(first, torch.Tensor)
+            and not isinstance(first, FakeDeviceTensor)
+        ):
+            _record(f"host-to-device copy of {first.numel()} values")
+        elif isinstance(first, FakeDeviceTensor) and target is not None and not to_device:
+            _record(f"device-to-host copy of {first.numel()} values")
+    elif func is _aten.copy_.default:
+        src = args[1]
+        dst_fake, src_fake = isinstance(first, FakeDeviceTensor), isinstance(src, FakeDeviceTensor)
+        if dst_fake and not src_fake and isinstance(src, torch.Tensor) and src.dim() > 0:
+            _record(f"host-to-device copy of {src.numel()} values")
+        elif src_fake and not dst_fake:
+            _record(f"device-to-host copy of {src.numel()} values")
+    elif isinstance(first, FakeDeviceTensor):
+        if func is _aten._local_scalar_dense.default:
+            _record("scalar read")
+        elif func in _DATA_SHAPED:
+            _record(f"{func._schema.name} (data-dependent shape)")
+        elif func in _INDEXING and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())
+        ):
+            _record("boolean-mask indexing (data-dependent shape)")
 
 
 class DeviceMixingError(RuntimeError):
@@ -116,6 +200,7 @@ class FakeDeviceTensor(torch.Tensor):
 
     def tolist(self) -> Any:
         """The values, as for a CUDA tensor (a host read)."""
+        _record("tolist")
         return self.elem.tolist()
 
     def numpy(self, *args: Any, **kwargs: Any) -> Any:
@@ -187,6 +272,8 @@ def _dispatch(func: Any, args: Any, kwargs: Any) -> Any:
     call_kwargs = tree_map(unwrap, kwargs)
     target = call_kwargs.get("device")
     to_device = _is_device(target)
+    if _SYNC_LOG is not None:
+        _note_sync(func, args, call_kwargs, to_device)
     if to_device:
         call_kwargs["device"] = torch.device("cpu")
     if True in on_device and False in on_device and func not in _CROSS_DEVICE_OK:
