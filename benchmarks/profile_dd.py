@@ -24,7 +24,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def _rank(cells: int, device: str, dtype_name: str, steps: int, halo: bool) -> dict[str, Any]:
+def _rank(
+    cells: int, device: str, dtype_name: str, steps: int, halo: bool, shapes: bool = False
+) -> dict[str, Any]:
     import torch.distributed as dist
     from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
 
@@ -71,7 +73,7 @@ def _rank(cells: int, device: str, dtype_name: str, steps: int, halo: bool) -> d
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=acts) as prof:
+        with torch.profiler.profile(activities=acts, record_shapes=shapes) as prof:
             dp.run(10)
             sync()
         if rank == 0:
@@ -81,6 +83,12 @@ def _rank(cells: int, device: str, dtype_name: str, steps: int, halo: bool) -> d
                     continue
                 t = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=55)
                 tables.append("\n".join(line[:150] for line in t.splitlines()))
+            if shapes:  # the costliest operators by input shapes (which tensors)
+                key = "cuda_time_total" if cuda else "cpu_time_total"
+                t = prof.key_averages(group_by_input_shape=True).table(
+                    sort_by=key, row_limit=40, max_name_column_width=30, max_shapes_column_width=70
+                )
+                tables.append(t)
             out["profile"] = "\n".join(tables)
         out["owned"], out["ghosts"] = dp.stats.n_owned, dp.stats.n_ghost
     return out
@@ -94,12 +102,13 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--halo", action="store_true", help="one rank: the halo path anyway")
+    p.add_argument("--shapes", action="store_true", help="also a table by input shapes")
     args = p.parse_args()
     from nvdd.core import spawn_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     res = spawn_ranks(
-        _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.halo,
+        _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.halo, args.shapes,
         backend=backend, timeout_s=900, start_method="spawn",
     )  # fmt: skip
     print(f"### profile_dd.py --device {args.device} --world {args.world} --cells {args.cells} "
