@@ -116,18 +116,19 @@ x2mpnn)
     --steps 50 --warmup 10 --worlds 2 --json "$out/x2_weak.json" 2>&1 | quiet
   ;;
 x2final)
-  step "where a 2-GPU LJ step goes (1M atoms fp32): steady steps vs rebuild steps"
-  timeout 120 python3 benchmarks/profile_dd.py --device cuda --world 2 --cells 63 --dtype float32 \
-    --steps 40 2>&1 | quiet | grep -v "USDT" | head -40
+  # (ordered by priority: a short lease may end the call early)
   step "LJ 1M fp32: peer, raw, DomainParallel on 1 and 2 GPUs (domain and pbc kept on the GPU)"
-  timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 \
+  timeout 120 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 \
     --steps 100 --warmup 20 --worlds 1 2 --json "$out/x2_lj_final.json" 2>&1 | quiet
   step "reference MPNN 389,344 atoms fp32: raw, DomainParallel on 1 and 2 GPUs"
-  timeout 200 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 46 --dtype float32 \
+  timeout 100 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 46 --dtype float32 \
     --steps 20 --warmup 5 --worlds 1 2 --json "$out/x2_mpnn_final.json" 2>&1 | quiet
   step "MPNN 97,556 atoms fp32: HALO vs GRAPH_PARTITION on 1 and 2 GPUs"
-  timeout 200 python3 benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 \
+  timeout 100 python3 benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 \
     --worlds 1 2 --steps 20 2>&1 | quiet
+  step "where a 2-GPU LJ step goes (1M atoms fp32): steady steps vs rebuild steps"
+  timeout 60 python3 benchmarks/profile_dd.py --device cuda --world 2 --cells 63 --dtype float32 \
+    --steps 40 2>&1 | quiet | grep -v "USDT" | head -8
   step "MACE medium fp64: plain (1 GPU) and DomainParallel on 2 GPUs, 4,096 and 8,192 atoms"
   timeout 150 python3 benchmarks/bench_mace.py --device cuda --modes plain dd2 --start-cells 16 \
     --doublings 1 --steps 3 --warmup 1 --dtypes float64 --json "$out/x2_mace64.json" 2>&1 | quiet \
