@@ -3,10 +3,11 @@
     python benchmarks/micro_warp_launch.py --device cuda
 
 (a) ``wp.launch`` with a fresh ``wp.stream_from_torch`` per call (nvdd.halo's
-fold before this commit), (b) ``wp.launch`` with the Warp stream cached per torch
-stream, (c) a recorded launch (``record_cmd=True``) replayed with changed
-arguments reset (nvdd.models' ``Kernel``). Microseconds of host time per call,
-the device synchronised only at the end.
+fold up to commit dd1d1ed), (b) ``wp.launch`` with the Warp stream cached per
+torch stream, (c) a recorded launch (``record_cmd=True``) replayed with changed
+arguments reset (nvdd.models' ``Kernel``), (d) ``nvdd.halo``'s launcher now (a
+recorded launch per kernel and argument types). Microseconds of host time per
+call, the device synchronised only at the end.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def fresh_stream() -> None:
+        wargs = [wp_.from_torch(x) for x in (values, start, rows, src, out)]
+        if cuda:
+            stream = wp_.stream_from_torch(torch.cuda.current_stream(dev))
+            wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev, stream=stream)
+        else:
+            wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev)
+
+    def halo_launcher() -> None:
         _kernels._launch(kernel, (n, 3), [values, start, rows, src, out], dev)
 
     cached = wp_.stream_from_torch(torch.cuda.current_stream(dev)) if cuda else None
@@ -71,7 +80,7 @@ def main() -> None:
             rec.launch()
 
     for name, fn in (("fresh stream", fresh_stream), ("cached stream", cached_stream),
-                     ("recorded launch", recorded)):  # fmt: skip
+                     ("recorded launch", recorded), ("nvdd.halo now", halo_launcher)):  # fmt: skip
         for _ in range(50):
             fn()
         sync()
