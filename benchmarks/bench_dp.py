@@ -371,57 +371,45 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def largest(device: str, dtype_name: str, start_cells: int, steps: int) -> list[dict[str, Any]]:
-    """Double the atoms of the raw LJ run until memory runs out; one row per size."""
-    rows: list[dict[str, Any]] = []
-    cells = start_cells
-    while True:
-        try:
-            res = raw(cells, steps, 2, device, dtype_name)
-        except (RuntimeError, MemoryError) as exc:
-            if not _is_oom(exc):
-                raise
-            rows.append({"run": "raw (out of memory)", "ranks": 1, "cells": cells,
-                         "atoms": 4 * cells**3, "ms_per_step": math.nan, "peak_bytes": 0})  # fmt: skip
-            break
-        finally:
-            _reset_memory(device)
-        rows.append({"run": "raw", "ranks": 1, "cells": cells, **res})
-        print(f"  {res['atoms']:>12,d} atoms: {res['ms_per_step']:.1f} ms/step, "
-              f"{res['peak_bytes'] / res['atoms']:.0f} B/atom", flush=True)  # fmt: skip
-        cells = math.ceil(cells * 2 ** (1 / 3))
-        if device == "cpu" and cells > 2 * start_cells:  # CPU: a smoke check of the loop
-            break
-    return rows
+def _dd_row(every: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's DomainParallel result with every rank's peak memory."""
+    return {**every[0], "peak_per_rank": [r["peak_bytes"] for r in every]}
 
 
-def largest_dd(
-    device: str, dtype_name: str, start_cells: int, steps: int, world: int
+def largest(
+    device: str, dtype_name: str, start_cells: int, steps: int, world: int = 1
 ) -> list[dict[str, Any]]:
-    """Double the atoms of DomainParallel on ``world`` ranks (one GPU each) until a
-    rank runs out of memory (caught: a row, not a crash); one row per size."""
-    from nvdd.core import RankFailedError, spawn_ranks
+    """Double the atoms until memory runs out (caught: a row, not a crash); one row
+    per size. ``world`` 1: the raw LJ run; more: DomainParallel on that many ranks
+    (one GPU each)."""
+    from nvdd.core import spawn_ranks
 
+    run = "raw" if world == 1 else "DomainParallel"
     backend = "nccl" if device == "cuda" else "gloo"
     rows: list[dict[str, Any]] = []
     cells = start_cells
     while True:
         try:
-            every = spawn_ranks(
-                dd, world, cells, steps, 2, device, dtype_name, "lj", False, True,
-                backend=backend, timeout_s=1800, start_method="spawn",
-            )  # fmt: skip
-        except RankFailedError as exc:
-            if "out of memory" not in str(exc).lower():
+            if world == 1:
+                res = raw(cells, steps, 2, device, dtype_name)
+            else:
+                res = _dd_row(spawn_ranks(
+                    dd, world, cells, steps, 2, device, dtype_name, "lj", False, True,
+                    backend=backend, timeout_s=1800, start_method="spawn",
+                ))  # fmt: skip
+        except (RuntimeError, MemoryError) as exc:  # (a RankFailedError names the OOM)
+            if not _is_oom(exc):
                 raise
-            rows.append({"run": "DomainParallel (out of memory)", "ranks": world, "cells": cells,
+            rows.append({"run": f"{run} (out of memory)", "ranks": world, "cells": cells,
                          "atoms": 4 * cells**3, "ms_per_step": math.nan, "peak_bytes": 0})  # fmt: skip
             break
-        res = {**every[0], "peak_per_rank": [r["peak_bytes"] for r in every]}
-        rows.append({"run": "DomainParallel", "ranks": world, "cells": cells, **res})
-        print(f"  {res['atoms']:>12,d} atoms on {world} ranks: {res['ms_per_step']:.1f} ms/step, "
-              "peak GiB per rank " + " ".join(f"{b / 2**30:.1f}" for b in res["peak_per_rank"]),
-              flush=True)  # fmt: skip
+        finally:
+            _reset_memory(device)
+        rows.append({"run": run, "ranks": world, "cells": cells, **res})
+        peaks = res.get("peak_per_rank", [res["peak_bytes"]])
+        print(f"  {res['atoms']:>12,d} atoms on {world} rank(s): {res['ms_per_step']:.1f} ms/step, "
+              f"{sum(peaks) / res['atoms']:.0f} B/atom, peak GiB per rank "
+              + " ".join(f"{b / 2**30:.1f}" for b in peaks), flush=True)  # fmt: skip
         cells = math.ceil(cells * 2 ** (1 / 3))
         if device == "cpu" and cells > 2 * start_cells:  # CPU: a smoke check of the loop
             break
@@ -507,10 +495,7 @@ def main() -> None:
         start = args.start_cells if args.device != "cpu" else min(args.start_cells, 6)
         n_steps = max(3, min(args.steps, 10))
         world = max(args.worlds or [1])
-        if world > 1:  # DomainParallel on that many GPUs
-            rows = largest_dd(args.device, args.dtype[0], start, n_steps, world)
-        else:
-            rows = largest(args.device, args.dtype[0], start, n_steps)
+        rows = largest(args.device, args.dtype[0], start, n_steps, world)
         fitted = [r for r in rows if r["run"] in ("raw", "DomainParallel")]
         if fitted:
             big, last = fitted[-1], rows[-1]
@@ -567,7 +552,7 @@ def main() -> None:
                                 args.model, halo, graphs, backend=backend, timeout_s=1800,
                                 threads_per_rank=per_rank, start_method="spawn",
                             )  # fmt: skip
-                            res = {**every[0], "peak_per_rank": [r["peak_bytes"] for r in every]}
+                            res = _dd_row(every)
                             label = "DomainParallel" + (" (halo forced)" if halo else tag)
                             rows.append({"run": label, "ranks": world, "graphs": graphs, **res})
                 atoms = rows[0]["atoms"] if rows else 4 * cells**3

@@ -23,8 +23,6 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--calls", type=int, default=2000)
     a = p.parse_args()
-    import warp as wp
-
     from nvdd.halo import _kernels
 
     _kernels._ready()
@@ -90,7 +88,6 @@ def main() -> None:
         host = time.perf_counter() - t0
         sync()
         print(f"{name:>16}: {1e6 * host / a.calls:7.1f} us of host time per launch")
-    del wp
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
-from nvdd.partition import ShardedBatch
+from nvdd.partition import ShardedBatch, SpatialPartitioner
 from nvdd.spec import StrategyKind
 from nvdd.testing import fake_accelerator, record_host_syncs
 
@@ -111,7 +111,8 @@ def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str,
     ``nvdd.testing.record_host_syncs``) every operation that would make a CUDA
     device wait for the host during ``steps`` steps in one ``run`` call, and
     during one step after a forced rebuild. Returns the logs, the rebuild count
-    of the steady window and the owned atoms after the rebuild.
+    and the ``SpatialPartitioner.domain_cell`` calls of the steady window, and
+    the owned atoms after the rebuild.
     """
     model, cutoff = model_for(model_name)
     with fake_accelerator() as dev, warnings.catch_warnings():
@@ -123,8 +124,19 @@ def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str,
             dp.partition()
             dp.run(3)
             before = dp.stats.rebuilds
-            with record_host_syncs() as steady:
-                dp.run(steps)
+            domain_calls = []
+            original = SpatialPartitioner.domain_cell
+
+            def counted(self: SpatialPartitioner, cell: Any = None) -> Any:
+                domain_calls.append(1)
+                return original(self, cell)
+
+            SpatialPartitioner.domain_cell = counted  # type: ignore[method-assign]
+            try:
+                with record_host_syncs() as steady:
+                    dp.run(steps)
+            finally:
+                SpatialPartitioner.domain_cell = original  # type: ignore[method-assign]
             steady_rebuilds = dp.stats.rebuilds - before
             dp.model.request_rebuild()
             with record_host_syncs() as rebuild:
@@ -134,6 +146,7 @@ def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str,
         "n_owned": n_owned,
         "steady": list(steady),
         "steady_rebuilds": steady_rebuilds,
+        "steady_domain_calls": len(domain_calls),
         "rebuild": list(rebuild),
         "steps": steps,
     }

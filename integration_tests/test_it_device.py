@@ -66,6 +66,9 @@ def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
     out = run_ranks(host_syncs_per_step, 2, "periodic", "lj", timeout_s=300)
     for rank, r in enumerate(out):
         assert r["steady_rebuilds"] == 0, f"rank {rank}: the steady window rebuilt"
+        # the build's domain cell is derived once per build, the current one only
+        # when the cell changed (here it never does)
+        assert r["steady_domain_calls"] == 0, r["steady_domain_calls"]
         wrapper = [e for e in r["steady"] if " at models/" not in e]
         verdicts = [e for e in wrapper if "(_skin_used_up)" in e]
         assert len(verdicts) == r["steps"], wrapper

@@ -42,6 +42,31 @@ def test_metadata_functions_take_a_cell_on_the_atoms_device(kind: str) -> None:
     assert torch.equal(wrapped.cpu(), part.wrap_positions(batch.positions, batch.system_index))
 
 
+def test_domain_copies_on_a_device_are_reused_and_never_pickled() -> None:
+    """``domain_cell`` copies the domain and pbc to a cell's device once (a copy
+    from the host each step makes a GPU wait); a pickled partitioner (sent to
+    another rank) carries only its state, not this process's device copies."""
+    import pickle
+
+    from nvdd.testing import record_host_syncs
+
+    batch = make_batch(40, "mixed", seed=1, n_systems=2)
+    part = SpatialPartitioner.from_batch(batch, 2, 6.5)
+    want = part.domain_cell(batch.cell)
+    with fake_accelerator() as dev:
+        cell = batch.cell.to(dev)
+        first = part.domain_cell(cell)
+        with record_host_syncs() as log:
+            again = part.domain_cell(cell)
+        assert log == [], log  # the second call copies nothing from the host
+        assert first.device == again.device == dev
+        assert torch.equal(again.cpu(), want)
+        copy = pickle.loads(pickle.dumps(part))
+    assert part._on_device and not copy._on_device
+    assert torch.equal(copy.domain_cell(batch.cell), want)
+    assert copy.fingerprint() == part.fingerprint()
+
+
 @pytest.mark.gloo
 @pytest.mark.parametrize(("world", "kind", "n_systems"), [(2, "periodic", 2), (3, "mixed", 1)])
 def test_scatter_migrate_rebalance_gather_on_a_device(

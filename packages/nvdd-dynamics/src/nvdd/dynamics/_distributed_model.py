@@ -182,6 +182,8 @@ class DistributedModel:
         self._static: Batch | None = None
         self._ref_positions: torch.Tensor | None = None
         self._ref_cell: torch.Tensor | None = None
+        # (partitioner, its domain cell of _ref_cell): derived once per build
+        self._ref_domain: tuple[object, torch.Tensor] | None = None
         self._cell_at_build = TensorMemo()
         self._version = 0
         self._whole = False
@@ -408,17 +410,20 @@ class DistributedModel:
             d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
             moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
-            dom = part.domain_cell
             reach = self.ghost_width - self.config.hysteresis - skin
+            if self._ref_domain is None or self._ref_domain[0] is not part:
+                self._ref_domain = (part, part.domain_cell(ref_cell))  # once per build
+            ref_dom = self._ref_domain[1]
+            same = self._cell_at_build.same(batch.cell)  # the build's cell, unmodified
             moved = skin_exceeded(
                 pos,
                 ref,
                 batch.system_index,
-                dom(ref_cell),
-                dom(batch.cell),
+                ref_dom,
+                ref_dom if same else part.domain_cell(batch.cell),
                 cutoff=reach,
                 skin=skin,
-                same_cell=self._cell_at_build.same(batch.cell),
+                same_cell=same,
             ).to(torch.int32)
         code = torch.where(nonfinite_flag(batch) == 0, moved, torch.full_like(moved, 2)).reshape(1)
         if get_world_size(self.sharded.group) > 1:
@@ -489,6 +494,7 @@ class DistributedModel:
         self._plan = plan
         self._ref_positions = local.positions.detach().clone()
         self._ref_cell = local.cell.detach().clone()
+        self._ref_domain = None
         # while a step's batch holds this cell tensor unmodified, the skin test
         # needs no cell algebra (skin_exceeded(same_cell))
         self._cell_at_build.remember(local.cell)

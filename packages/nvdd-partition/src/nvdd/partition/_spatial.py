@@ -212,6 +212,15 @@ class SpatialPartitioner:
         # host memory each step would make a GPU wait for the host (domain_cell)
         self._on_device: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
 
+    def __getstate__(self) -> dict[str, _State]:
+        """Only the state travels: the boxes are derived, and the device copies
+        belong to this process's devices (unpickled elsewhere they would land on
+        another rank's GPU)."""
+        return {"state": self._s}
+
+    def __setstate__(self, data: dict[str, _State]) -> None:
+        self._set(data["state"])
+
     def _domain_on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """``(domain, pbc)`` of the state on ``device`` (domain in ``dtype``), cached."""
         key = (device, dtype)
