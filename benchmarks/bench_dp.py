@@ -339,10 +339,12 @@ def dd(
             _sync(device)
             dist.barrier()
             t0 = time.perf_counter()
+            rebuilds = dp.stats.rebuilds
             dp.run(steps)
             _sync(device)
             dist.barrier()
             elapsed = time.perf_counter() - t0
+            rebuilds = dp.stats.rebuilds - rebuilds
             replays = dyn.graphs.replays
             dp.model.sync_timings = True  # (synchronised timers: eager steps)
             for k in dp.stats.seconds:
@@ -363,6 +365,7 @@ def dd(
         "ghosts_rank0": ghosts,
         "peak_bytes": _peak(device),
         "replays": replays,
+        "rebuilds": rebuilds,
     }
 
 
@@ -545,15 +548,15 @@ def main() -> None:
                     for graphs in modes if world == 1 else modes[:1]:
                         tag = "" if graphs or len(modes) == 1 else " eager"
                         for halo in (False, True) if world == 1 else (False,):
-                            if halo and not graphs:
-                                continue  # (a halo step is never captured)
                             every = spawn_ranks(
                                 dd, world, cells, args.steps, args.warmup, args.device, dtype,
                                 args.model, halo, graphs, backend=backend, timeout_s=1800,
                                 threads_per_rank=per_rank, start_method="spawn",
                             )  # fmt: skip
                             res = _dd_row(every)
-                            label = "DomainParallel" + (" (halo forced)" if halo else tag)
+                            label = "DomainParallel" + (
+                                " (halo forced" + tag + ")" if halo else tag
+                            )
                             rows.append({"run": label, "ranks": world, "graphs": graphs, **res})
                 atoms = rows[0]["atoms"] if rows else 4 * cells**3
                 if args.model == "lj":

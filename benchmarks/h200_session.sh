@@ -134,6 +134,33 @@ x2final)
     --doublings 1 --steps 3 --warmup 1 --dtypes float64 --json "$out/x2_mace64.json" 2>&1 | quiet \
     | grep -v "UserWarning\|_Jd, _W3j\|cuequivariance or"
   ;;
+h1prof)
+  step "the halo path on one GPU, 1M atoms fp32: per-step times as bench_dp sees them, host profile"
+  timeout 300 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo --cells 63 --dtype float32 \
+    --warmup 10 --steps 50 --breakdown 3 2>&1 | quiet | grep -v "USDT" | sed -n '1,3p;/---/,$p'
+  step "bench_dp halo forced, 1M fp32 (rebuilds in the timed window)"
+  timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 --no-peer \
+    --steps 50 --warmup 10 --worlds 1 --json "$out/h1_halo.json" 2>&1 | quiet
+  python3 -c "import json; [print(r.get('run'), r.get('label', ''), r.get('ms_per_step'), 'rebuilds', r.get('rebuilds')) for r in json.load(open('$out/h1_halo.json'))]" 2>&1 | tail -5
+  ;;
+halograph)
+  step "GPU tests: captured steps (CUDA graphs), the halo path's split capture included"
+  timeout 240 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short integration_tests/test_it_cuda_graphs.py 2>&1 | tail -6
+  step "LJ 131k / 1M fp32 + fp64: peer, raw, DomainParallel whole and halo forced, graphs on and off"
+  timeout 330 python3 benchmarks/bench_dp.py --device cuda --cells 32 63 --dtype float32 float64 \
+    --steps 100 --warmup 20 --worlds 1 --graphs on off --json "$out/h1_halograph.json" 2>&1 | quiet
+  ;;
+h1kernels)
+  for mode in "" "--halo"; do
+    step "GPU time per kernel, 10 steady steps of LJ 1M fp32 on one GPU ${mode:-(whole batch)} (graphs on)"
+    timeout 150 python3 benchmarks/profile_dd.py --device cuda --world 1 $mode --cells 63 --dtype float32 \
+      --warmup 30 --steps 20 --steady-window 2>&1 | quiet | grep -v "USDT" | sed -n '2,3p;/Self CUDA time total/,$p' | head -34
+  done
+  step "MPNN 97,556 atoms fp32: HALO vs GRAPH_PARTITION on one GPU"
+  timeout 150 python3 benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 \
+    --worlds 1 --steps 20 2>&1 | quiet
+  ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"
   timeout 230 python3 benchmarks/bench_dp.py --device cuda --largest --worlds 2 --dtype float32 \

@@ -32,6 +32,11 @@ def _rank(
     halo: bool,
     shapes: bool = False,
     python: bool = False,
+    warmup: int = 20,
+    breakdown: int = 0,
+    steady_window: bool = False,
+    ranges: int = 0,
+    forced: int = 0,
 ) -> dict[str, Any]:
     import torch.distributed as dist
     from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
@@ -50,7 +55,7 @@ def _rank(
     out: dict[str, Any] = {}
     with DomainParallel(dyn, config) as dp:
         dp.partition()
-        dp.run(20)
+        dp.run(warmup)
         sync()
         dist.barrier()
         steady, rebuild = [], []
@@ -61,10 +66,17 @@ def _rank(
             sync()
             ms = 1000 * (time.perf_counter() - t0)
             (rebuild if dp.stats.rebuilds != before else steady).append(ms)
+        for _ in range(forced):  # rebuilds on demand, timed alone (no piece timers)
+            dp.model.request_rebuild()
+            sync()
+            t0 = time.perf_counter()
+            dp.run(1)
+            sync()
+            rebuild.append(1000 * (time.perf_counter() - t0))
         out["steady_ms"] = statistics.median(steady) if steady else float("nan")
         out["rebuild_ms"] = statistics.mean(rebuild) if rebuild else float("nan")
         out["rebuilds"] = len(rebuild)
-        out["steps"] = steps
+        out["steps"] = steps + forced
         dp.model.sync_timings = True
         for k in dp.stats.seconds:
             dp.stats.seconds[k] = 0.0
@@ -75,7 +87,16 @@ def _rank(
         out["phases_ms"] = {k: 1000 * v / steps for k, v in dp.stats.seconds.items()}
         out["synced_ms"] = 1000 * total / steps
         dp.model.sync_timings = False
-        dp.model.request_rebuild()  # the window below holds one rebuild and steady steps
+        if ranges:
+            text = _rebuild_ranges(dp, ranges, sync, cuda)
+            if rank == 0:
+                out["ranges"] = text
+        if breakdown and rank == 0:
+            out["breakdown"] = _breakdown(dp, breakdown, sync)
+        elif breakdown:
+            _breakdown(dp, breakdown, sync)  # (every rank steps alike)
+        if not steady_window:
+            dp.model.request_rebuild()  # the window below holds one rebuild and steady steps
         acts = [torch.profiler.ProfilerActivity.CPU]
         if cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -120,6 +141,153 @@ def _rank(
     return out
 
 
+#: What a rebuild step calls, timed one by one (module, attribute path, label).
+_PIECES = (
+    ("nvdd.dynamics._distributed_model", "DistributedModel._skin_used_up", "check"),
+    ("nvdd.dynamics._distributed_model", "DistributedModel._rebuild", "rebuild (migrate+plan)"),
+    ("nvdd.partition._sharded", "ShardedBatch.migrate", "  migrate"),
+    ("nvdd.dynamics._distributed_model", "build_halo_plan", "  build_halo_plan"),
+    ("nvdd.halo._plan", "select_ghosts", "    select_ghosts"),
+    ("nvdd.halo._plan", "_header_exchange", "    header exchange"),
+    ("nvdd.dynamics._distributed_model", "DistributedModel._install", "  install (static fields)"),
+    (
+        "nvdd.dynamics._distributed_model",
+        "DistributedModel._forward",
+        "forward (exchange+model+fold)",
+    ),
+    ("nvdd.models._device_neighbors", "DeviceVerletList.__call__", "  neighbour list"),
+    ("nvdd.models._lj_fast", "WarpLJ.__call__", "  LJ kernel"),
+    ("nvdd.halo._plan", "HaloPlan.reverse", "  fold"),
+)
+
+
+#: Finer pieces of a rebuild step, profiled as ``record_function`` ranges.
+_RANGES = (
+    *_PIECES,
+    ("nvdd.partition._spatial", "SpatialPartitioner._destinations", "destinations"),
+    ("nvdd.partition._spatial", "SpatialPartitioner.wrap_positions", "wrap_positions"),
+    ("nvdd.partition._spatial", "SpatialPartitioner._keeps", "keeps"),
+    ("nvdd.partition._spatial", "SpatialPartitioner._nearest_image", "nearest_image"),
+    ("nvdd.partition._sharded", "all_reduce_sum", "migrate all_reduce_sum"),
+    ("nvdd.halo._plan", "check_plan_inputs", "check_plan_inputs"),
+    ("nvdd.models._device_neighbors", "DeviceVerletList._allocate", "list allocate"),
+    ("nvdd.models._device_neighbors", "DeviceVerletList._launch_chain", "list launch chain"),
+    ("nvdd.models._device_neighbors", "_check_system_range", "list system range"),
+    ("nvdd.halo._exchange", "Route.csr_on", "csr_on"),
+    ("nvdd.halo._plan", "HaloPlan.ghost_positions", "ghost_positions"),
+    ("nvdd.halo._plan", "HaloPlan.forward_many", "forward_many"),
+)
+
+
+def _patched(pieces: Any, wrap: Any) -> list[tuple[Any, str, Any]]:
+    """Replace each piece by ``wrap(original, label)``; returns what to restore."""
+    import importlib
+
+    undo = []
+    for module, path, label in pieces:
+        owner: Any = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        original = getattr(owner, name)
+        setattr(owner, name, wrap(original, label.strip()))
+        undo.append((owner, name, original))
+    return undo
+
+
+def _rebuild_ranges(dp: Any, n: int, sync: Any, cuda: bool) -> str:
+    """Host and device time of each piece of ``_RANGES`` (``record_function``
+    ranges, inclusive) over ``n`` forced rebuild steps."""
+
+    def wrap(f: Any, label: str) -> Any:
+        def ranged(*a: Any, **k: Any) -> Any:
+            with torch.profiler.record_function("nvdd:" + label):
+                return f(*a, **k)
+
+        return ranged
+
+    undo = _patched(_RANGES, wrap)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    try:
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(n):
+                dp.model.request_rebuild()
+                dp.run(1)
+            sync()
+    finally:
+        for owner, name, original in undo:
+            setattr(owner, name, original)
+    lines = [f"--- {n} forced rebuild steps, ranges (inclusive, per step): host ms, device ms"]
+    rows = [e for e in prof.key_averages() if e.key.startswith("nvdd:")]
+    rows.sort(key=lambda e: -e.cpu_time_total)
+    for e in rows:
+        dev = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
+        lines.append(f"   {e.key[5:]:<32s} {e.cpu_time_total / 1000 / n:8.2f} {dev / 1000 / n:8.2f}"
+                     f"   ({e.count // n} calls)")
+    return "\n".join(lines)
+
+
+def _breakdown(dp: Any, n: int, sync: Any) -> str:
+    """Synchronised time of each piece of ``_PIECES`` over ``n`` steps as they
+    come (rebuild and steady steps apart), then ``n`` steps with a forced rebuild
+    (``request_rebuild`` before each); inclusive times, a piece inside another
+    indented."""
+    spent: dict[str, float] = {}
+
+    def wrap(f: Any, label: str) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                sync()
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+    undo = _patched(_PIECES, wrap)
+    texts = []
+    nbr = getattr(getattr(dp.model.model, "_warp", None), "neighbors", None)
+    try:
+        for label, forced in (("natural", False), ("forced rebuild", True)):
+            groups: dict[str, list[dict[str, float]]] = {"rebuild": [], "steady": []}
+            for _ in range(n):
+                if forced:
+                    dp.model.request_rebuild()
+                spent.clear()
+                before, hosts = dp.stats.rebuilds, getattr(nbr, "host_rebuilds", 0)
+                sync()
+                t0 = time.perf_counter()
+                dp.run(1)
+                sync()
+                row = dict(spent, step=time.perf_counter() - t0)
+                row["list host rebuilds"] = getattr(nbr, "host_rebuilds", 0) - hosts
+                groups["rebuild" if dp.stats.rebuilds != before else "steady"].append(row)
+            for kind, rows in groups.items():
+                if not rows:
+                    continue
+                keys = list(dict.fromkeys(k for r in rows for k in r))
+                mean = {k: sum(r.get(k, 0.0) for r in rows) / len(rows) for k in keys}
+                lines = [
+                    f"--- {label} steps that were {kind} steps: {len(rows)} of {n}, "
+                    f"{1000 * mean.pop('step'):.2f} ms each (pieces synchronised, inclusive)"
+                ]
+                hosts_mean = mean.pop("list host rebuilds")
+                lines += [f"   {k:<32s} {1000 * v:8.2f} ms" for k, v in mean.items()]
+                lines.append(
+                    f"   neighbour-list host rebuilds per step: {hosts_mean:.2f}; capacity "
+                    f"{getattr(nbr, 'capacity', '?')}"
+                )
+                texts.append("\n".join(lines))
+    finally:
+        for owner, name, original in undo:
+            setattr(owner, name, original)
+    return "\n".join(texts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
@@ -130,13 +298,27 @@ def main() -> None:
     p.add_argument("--halo", action="store_true", help="one rank: the halo path anyway")
     p.add_argument("--shapes", action="store_true", help="also a table by input shapes")
     p.add_argument("--python", action="store_true", help="also host time per nvdd function")
+    p.add_argument("--warmup", type=int, default=20, help="steps before the timed window")
+    p.add_argument("--forced", type=int, default=0, metavar="N",
+                   help="also time N steps with a forced rebuild (in the rebuild mean)")
+    p.add_argument("--ranges", type=int, default=0, metavar="N",
+                   help="also profile N forced rebuild steps as ranges (host and device time)")
+    p.add_argument("--steady-window", action="store_true",
+                   help="profile steps as they come (no forced rebuild in the window)")
+    p.add_argument(
+        "--breakdown",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the pieces of N steps as they come and N forced rebuilds",
+    )
     args = p.parse_args()
     from nvdd.core import spawn_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     res = spawn_ranks(
         _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.halo, args.shapes, args.python,
-        backend=backend, timeout_s=900, start_method="spawn",
+        args.warmup, args.breakdown, args.steady_window, args.ranges, args.forced, backend=backend, timeout_s=900, start_method="spawn",
     )  # fmt: skip
     print(f"### profile_dd.py --device {args.device} --world {args.world} --cells {args.cells} "
           f"--dtype {args.dtype} --steps {args.steps}{' --halo' if args.halo else ''}")  # fmt: skip
@@ -147,6 +329,10 @@ def main() -> None:
               f"{out['synced_ms']:.2f} ms/step:")  # fmt: skip
         print("   " + ", ".join(f"{k} {v:.3f}" for k, v in out["phases_ms"].items()))
     print(res[0]["profile"])
+    if "breakdown" in res[0]:
+        print(res[0]["breakdown"])
+    if "ranges" in res[0]:
+        print(res[0]["ranges"])
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ def _trajectory(
     device: str = "cpu",
     dtype: torch.dtype = torch.float64,
     langevin: bool = False,
+    halo_on_one_rank: bool = False,
 ) -> dict[str, Any]:
     model = lj_model(dtype).to(device)
     batch = batch.clone().to(device=device, dtype=dtype)  # a hook below changes the cell in place
@@ -72,7 +73,8 @@ def _trajectory(
         dyn.register_hook(HookStage.AFTER_STEP, lambda ctx: torch.cuda.synchronize())
     runner: Any = dyn
     if dp:
-        runner = DomainParallel(dyn, DomainConfig(cutoff=model.cutoff, skin=0.5))
+        config = DomainConfig(cutoff=model.cutoff, skin=0.5, halo_on_one_rank=halo_on_one_rank)
+        runner = DomainParallel(dyn, config)
         runner.partition(batch)
     # on CPU the emulation; on CUDA real graphs
     with emulated_capture() if device == "cpu" else nullcontext():
@@ -93,6 +95,8 @@ def _trajectory(
     }
     if dp:
         out["calls"] = runner.stats.calls
+        out["rebuilds"] = runner.stats.rebuilds
+        out["last_drop"] = dyn.graphs.last_drop
         runner.close()
     return out
 
@@ -168,13 +172,38 @@ def test_domain_parallel_on_one_rank_replays_the_whole_batch_step() -> None:
     assert graphed["calls"] == eager["calls"]  # replays count their force calls
 
 
-def _dp_two() -> dict[str, Any]:
-    return _trajectory(_hot(), 20, graphs=True, dp=True)
+def _dp_halo(
+    graphs: bool, halo_on_one_rank: bool = False, langevin: bool = False
+) -> dict[str, Any]:
+    return _trajectory(
+        _hot(), 60, graphs=graphs, dp=True, hooks=True, halo_on_one_rank=halo_on_one_rank,
+        langevin=langevin,
+    )  # fmt: skip
 
 
-def test_domain_parallel_on_two_ranks_never_captures() -> None:
-    for out in run_ranks(_dp_two, 2):
-        assert out["captures"] == 0 and out["replays"] == 0
+@pytest.mark.parametrize(
+    ("ranks", "one", "langevin"),
+    [(2, False, False), (3, False, False), (1, True, False), (2, False, True)],
+    ids=["2-ranks", "3-ranks", "halo-on-1-rank", "2-ranks-langevin"],
+)
+def test_domain_parallel_halo_steps_are_replayed_and_equal_eager_steps(
+    ranks: int, one: bool, langevin: bool
+) -> None:
+    """The halo path of several ranks captures a steady step as two graphs
+    around its rebuild decision (``StepGraphs``: head, decision, tail); a
+    decision that says "rebuild" runs the rest of the step eagerly. On CPU the
+    emulation replays exactly what a CUDA graph would: the same trajectory as
+    eager steps, the same rebuilds at the same steps, hooks seen alike."""
+    eager = run_ranks(_dp_halo, ranks, False, one, langevin)
+    graphed = run_ranks(_dp_halo, ranks, True, one, langevin)
+    for rank, (g, e) in enumerate(zip(graphed, eager, strict=True)):
+        _assert_same(g, e)
+        assert g["seen"] == e["seen"] != [], rank
+        assert g["calls"] == e["calls"], rank  # replays count their force calls
+        assert g["rebuilds"] == e["rebuilds"] > 2, rank  # rebuilds happened between captures
+        assert e["captures"] == 0 and g["captures"] >= 2, rank
+        assert g["replays"] > 15, (rank, g["replays"])
+        assert g["drops"] >= 1, rank
 
 
 # ------------------------------------------------------------- on a GPU
@@ -237,8 +266,11 @@ def test_non_finite_values_in_a_cuda_graph_replay_raise() -> None:
     assert dyn.graphs.captures == 1
 
 
-def _dp_cuda(graphs: bool) -> dict[str, Any]:
-    out = _trajectory(_hot(), 50, graphs=graphs, dp=True, hooks=True, device="cuda")
+def _dp_cuda(graphs: bool, halo_on_one_rank: bool = False) -> dict[str, Any]:
+    out = _trajectory(
+        _hot(), 50, graphs=graphs, dp=True, hooks=True, device="cuda",
+        halo_on_one_rank=halo_on_one_rank,
+    )  # fmt: skip
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
 
@@ -249,3 +281,16 @@ def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step() -> None:
     for key in ("positions", "velocities", "forces", "energy"):
         torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
     assert graphed["replays"] > 30 and graphed["calls"] == eager["calls"]
+
+
+@pytest.mark.gpu
+def test_domain_parallel_halo_steps_on_one_gpu_are_replayed() -> None:
+    """The split capture (head, decision, tail) as real CUDA graphs: the halo path
+    forced on one GPU (NCCL world of one: the exchanges are local copies; the
+    collectives of two GPUs are left to the NCCL suite)."""
+    (eager,) = run_ranks(_dp_cuda, 1, False, True, backend="nccl", start_method="spawn")
+    (graphed,) = run_ranks(_dp_cuda, 1, True, True, backend="nccl", start_method="spawn")
+    for key in ("positions", "velocities", "forces", "energy"):
+        torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
+    assert graphed["calls"] == eager["calls"] and graphed["rebuilds"] == eager["rebuilds"] > 2
+    assert graphed["replays"] > 10 and graphed["captures"] >= 2

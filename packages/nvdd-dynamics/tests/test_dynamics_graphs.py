@@ -223,3 +223,95 @@ def test_a_component_can_ask_for_an_eager_step() -> None:
 def test_a_capture_that_reads_the_host_raises_under_the_emulation() -> None:
     with pytest.raises(CaptureError, match="host"):
         _run(True, host_read=True)
+
+
+class SplitProvider:
+    """A force provider that decides on the host, per step, whether to "rebuild"
+    (re-anchor a reference when an atom moved more than ``reach``), the way the
+    halo path of ``DistributedModel`` decides migrations: ``splits_step`` with
+    ``begin_step`` (the decision queued on the device) and ``take_verdict``."""
+
+    splits_step = True
+
+    def __init__(self, model: Springs, reach: float = 0.05, poison_at: int = -1) -> None:
+        self.model, self.reach, self.poison_at = model, reach, poison_at
+        self.ref: torch.Tensor | None = None
+        self.version = 0
+        self.code: torch.Tensor | None = None
+        self.decided: bool | None = None
+        self.rebuilds = 0
+        self.verdicts = 0
+
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        return None if self.ref is None else ("split", self.version)
+
+    def _code(self, batch: Batch) -> torch.Tensor:
+        if self.ref is None:
+            return torch.ones((), dtype=torch.int32)
+        moved = ((batch.positions - self.ref).abs().amax() > self.reach).to(torch.int32)
+        bad = (~torch.isfinite(batch.positions).all()).to(torch.int32)
+        return torch.where(bad == 0, moved, torch.full_like(moved, 2))
+
+    def begin_step(self, batch: Batch) -> None:
+        self.code = self._code(batch)
+
+    def take_verdict(self, batch: Batch) -> bool:
+        assert self.code is not None
+        self.verdicts += 1
+        code = int(self.code)
+        if code == 2 or self.verdicts == self.poison_at:
+            raise ValueError("non-finite positions")
+        self.decided = code == 1
+        return not self.decided
+
+    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
+        rebuild, self.decided = self.decided, None
+        if rebuild is None:
+            rebuild = bool(int(self._code(batch)))
+        if rebuild:
+            if capturing():
+                raise CaptureError("a rebuild inside a capture")
+            self.ref = batch.positions.detach().clone()
+            self.version += 1
+            self.rebuilds += 1
+        if capturing():
+            after_replay(self._replayed)
+        return batch, self.model(batch)
+
+    def _replayed(self) -> bool:
+        self.decided = None
+        return True
+
+
+def _run_split(graphs: bool, steps: int = 60, **kw: Any) -> tuple[Any, SplitProvider]:
+    dyn = VelocityVerlet(Springs(k=2.0), _batch(seed=3), dt_fs=1.5, cuda_graphs=graphs)
+    provider = SplitProvider(dyn.model, **kw)
+    dyn.force_provider = provider
+    with emulated_capture():
+        dyn.run(steps)
+    return dyn, provider
+
+
+def test_a_split_step_replays_head_and_tail_and_rebuilds_eagerly() -> None:
+    """A provider with ``splits_step``: the head (pre_update, the decision) and
+    the tail (compute, post_update) are two graphs; a decision that says
+    "rebuild" after a replayed head runs the rest of the step eagerly and drops
+    both graphs; the trajectory equals the eager one bit for bit."""
+    eager, p0 = _run_split(False)
+    graphed, p1 = _run_split(True)
+    _assert_same(graphed, eager)
+    assert p1.rebuilds == p0.rebuilds > 3  # rebuilt at the same steps
+    assert graphed.graphs.captures >= 3 and graphed.graphs.replays > 10
+    assert graphed.graphs.drops >= 2
+    assert p0.verdicts == 0 and p1.verdicts > graphed.graphs.replays
+
+
+def test_a_split_decision_that_raises_drops_the_graphs() -> None:
+    with pytest.raises(ValueError, match="non-finite"):
+        _run_split(True, poison_at=12)
+    dyn = VelocityVerlet(Springs(k=2.0), _batch(seed=3), dt_fs=1.5, cuda_graphs=True)
+    provider = SplitProvider(dyn.model, poison_at=12)
+    dyn.force_provider = provider
+    with emulated_capture(), pytest.raises(ValueError):
+        dyn.run(60)
+    assert not dyn.graphs.active and "decision raised" in (dyn.graphs.last_drop or "")

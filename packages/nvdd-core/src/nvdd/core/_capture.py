@@ -23,7 +23,9 @@ device: its capture executes the step while a ``TorchDispatchMode`` records
 every tensor operation with the tensors it received and returned, and a replay
 reruns the recorded operations on those tensors (results copied into the
 recorded outputs, so addresses stay fixed, exactly as a graph's do). External
-kernels (Warp) register their launches with :func:`record_launch`. So a CPU test
+kernels (Warp) register their launches with :func:`record_launch`; collectives
+(``c10d`` operations, e.g. over gloo) are recorded like any operation and a
+replay waits for each before the next. So a CPU test
 sees what a CUDA graph would replay: a host-side branch baked into the capture,
 a tensor rebound in Python after the capture, or a host synchronisation inside
 it (raised as :class:`CaptureError`). One blind spot: ``tolist()`` and
@@ -197,7 +199,14 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         recorded = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
         def replay() -> None:
-            fresh = [t for t in tree_leaves(func(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+            leaves = tree_leaves(func(*args, **kwargs))
+            for leaf in leaves:
+                # a collective (c10d.allreduce_, c10d.alltoall_base_, ...) returns its
+                # Work: a captured NCCL collective is ordered on the stream; here the
+                # replay waits for it before the next operation reads its output
+                if isinstance(leaf, torch.ScriptObject) and hasattr(leaf, "wait"):
+                    leaf.wait()
+            fresh = [t for t in leaves if isinstance(t, torch.Tensor)]
             for dst, src in zip(recorded, fresh, strict=True):
                 if dst is src or (
                     dst.data_ptr() == src.data_ptr()

@@ -27,6 +27,7 @@ import torch
 
 from nvdd.core import (
     Batch,
+    CaptureError,
     ConfigurationError,
     ModelOutputs,
     TensorMemo,
@@ -189,6 +190,10 @@ class DistributedModel:
         self._whole = False
         self._finite = LazyFiniteCheck()
         self.pending: PendingTotals | None = None
+        # a split step (StepGraphs): the rebuild code queued by begin_step, and
+        # the decision take_verdict read from it for the next call
+        self._code: torch.Tensor | None = None
+        self._decided: bool | None = None
 
     # ---------------------------------------------------------------- scope
     @property
@@ -326,7 +331,8 @@ class DistributedModel:
             flag = nonfinite_flag(batch)  # recomputed by every replay
             after_replay(lambda: self._replayed_whole(flag))
             return batch, self._forward_whole(batch, t0)
-        self.stats.calls += 1
+        if not capturing():  # (a captured call is counted by each replay)
+            self.stats.calls += 1
         if self._whole:  # one rank: the model on the whole batch, its own pbc
             self._finite.push(batch)  # no decision to make: no host sync either
             if self._finite.poll():
@@ -334,31 +340,95 @@ class DistributedModel:
             t0 = self._timer("check", t0)
             local, outputs = batch, self._forward_whole(batch, t0)
         else:
-            rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
+            rebuild, self._decided = self._decided, None  # (decided by take_verdict)
+            if rebuild is None:
+                rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
             t0 = self._timer("check", t0)
             if rebuild:
+                if capturing():
+                    raise CaptureError("DistributedModel: a step that rebuilds the halo")
                 self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
                 t0 = time.perf_counter()
             local = sharded.local_batch
             outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
+            if capturing():  # the host work of every replay of this call
+                assert self.pending is not None
+                partials, version = self.pending.partials(), self._version
+                after_replay(lambda: self._replayed_halo(version, partials))
         if compiling and compiled_graphs() != graphs:
             self.stats.compiles += compiled_graphs() - graphs
             self.stats.last_compile_call = self.stats.calls
         return local, outputs
 
+    #: Whether steady steps of the halo path may be captured (subclasses that
+    #: run another step opt out).
+    _captures_halo_steps: ClassVar[bool] = True
+
     def graph_key(self, batch: Batch) -> Hashable | None:
         """Whether a step through this provider may be captured in a CUDA graph
-        (``nvdd.dynamics.StepGraphs``): only a world of one running the model on
-        the whole batch (a multi-rank step decides migrations on the host),
-        uncompiled, without collective counting or synchronised timers, and only
-        when the model opts in (its ``graph_key(batch)``)."""
-        if not self._whole or self.count or self.sync_timings:
+        (``nvdd.dynamics.StepGraphs``): uncompiled, without collective counting
+        or synchronised timers, and only when the model opts in (its
+        ``graph_key(batch)``; under the halo it is asked inside the DD context,
+        on the padded rows). A world of one running the whole batch captures
+        whole steps; the halo path (:attr:`splits_step`) captures a steady step
+        as two graphs around its rebuild decision, and the key changes with
+        every plan (a rebuild drops the graphs)."""
+        if self.count or self.sync_timings:
             return None
         if self.stats.compile_mode != CompileMode.OFF.value:
             return None
         key = getattr(self.model, "graph_key", None)
-        inner = key(batch) if key is not None else None
-        return None if inner is None else ("whole batch", inner)
+        if key is None:
+            return None
+        if self._whole:
+            inner = key(batch)
+            return None if inner is None else ("whole batch", inner)
+        plan, static = self._plan, self._static
+        if not self._captures_halo_steps or plan is None or static is None:
+            return None
+        if self._ref_positions is None:  # (request_rebuild: the next call rebuilds)
+            return None
+        with dd_scope(self._context(plan, None)):
+            inner = key(static)
+        if inner is None:
+            return None
+        return ("halo", self._version, self._cell_at_build.same(batch.cell), inner)
+
+    @property
+    def splits_step(self) -> bool:
+        """Whether a captured step must be split at this provider's rebuild
+        decision (:meth:`begin_step`, :meth:`take_verdict`): the halo path."""
+        return not self._whole and self._plan is not None
+
+    def begin_step(self, batch: Batch) -> None:
+        """Queue this step's rebuild decision on the device, unread (capturable).
+
+        **Collective** over the mesh: the one small all-reduce of the step (see
+        :meth:`_skin_used_up`). :meth:`take_verdict` reads it; the next call then
+        skips its own check.
+        """
+        self._code = self._verdict_code(batch)
+
+    def take_verdict(self, batch: Batch) -> bool:
+        """Read the decision queued by :meth:`begin_step` (one host read): True
+        when the plan still holds (a captured rest of the step may run), False
+        when the next call must migrate and rebuild. Raises on every rank
+        together when some rank holds a non-finite value (as the call would).
+        """
+        if self._code is None:
+            raise CaptureError("DistributedModel.take_verdict before begin_step")
+        rebuild = self._read_verdict(self._code, batch)
+        self._decided = rebuild
+        return not rebuild
+
+    def _replayed_halo(self, version: int, partials: dict[str, torch.Tensor]) -> bool:
+        """After a replay of a halo call: count it and make its per-system
+        partials the pending ones; False once the plan it used is gone."""
+        self.stats.calls += 1
+        self._decided = None  # (the replay consumed the decision, as a call would)
+        assert self.pending is not None
+        self.pending.set(partials)
+        return self._version == version
 
     def _replayed_whole(self, flag: torch.Tensor) -> bool:
         """After a replay: count the call and queue its non-finite flag."""
@@ -393,8 +463,15 @@ class DistributedModel:
     def _skin_used_up(self, batch: Batch) -> bool:
         """Whether any rank must migrate and rebuild its plan (Verlet criterion).
 
+        **Collective** over the mesh: :meth:`_verdict_code`, then one host read.
+        """
+        return self._read_verdict(self._verdict_code(batch), batch)
+
+    def _verdict_code(self, batch: Batch) -> torch.Tensor:
+        """The rebuild decision as a device integer, reduced over ranks (no host read).
+
         **Collective** over the mesh: ONE all-reduce (max) of one small integer
-        computed on the atoms' device, then one host read. ``1``: some owned atom
+        computed on the atoms' device. ``1``: some owned atom
         moved more than half the skin left since the last build (the cell's
         strain eats into it; always with ``skin == 0``); ``2``: some rank holds a non-finite position, velocity or force
         (the forces of the previous step): every rank then raises a
@@ -429,6 +506,11 @@ class DistributedModel:
         if get_world_size(self.sharded.group) > 1:
             code = code.to(comm_device(self.sharded.group))
             all_reduce(code, "max", self.sharded.group)
+        return code
+
+    def _read_verdict(self, code: torch.Tensor, batch: Batch) -> bool:
+        """The host read of :meth:`_verdict_code`: whether to rebuild (raises on
+        every rank for code 2)."""
         verdict = int(code.item())
         if verdict == 2:
             raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)

@@ -103,6 +103,8 @@ class GraphPartitionModel(DistributedModel):
     per call decides, on every rank together).
     """
 
+    _captures_halo_steps = False  # (its own step: not captured)
+
     strategy: ClassVar[StrategyKind] = StrategyKind.GRAPH_PARTITION
 
     def __init__(

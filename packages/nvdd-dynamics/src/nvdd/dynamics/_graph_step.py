@@ -12,10 +12,24 @@ When a step is captured
     The integrator (:meth:`BaseDynamics.graph_key`), the force provider and the
     model (``graph_key(batch)``) all opt in, on CUDA (or inside
     :func:`nvdd.core.emulated_capture`), after :data:`WARMUP_STEPS` eager steps
-    with the same keys. Today: :class:`VelocityVerlet` with `LennardJones` on its
-    Warp path, in one process or under :class:`DomainParallel` on one rank (the
-    whole batch). A multi-rank step decides migrations on the host and is not
-    captured.
+    with the same keys. Today: :class:`VelocityVerlet` and :class:`Langevin`
+    with `LennardJones` on its Warp path, in one process, under
+    :class:`DomainParallel` on one rank (the whole batch), and on the halo path
+    of several ranks (split below).
+
+A step split at a host decision
+    A multi-rank step decides on the host whether atoms migrate and the halo
+    is rebuilt (one all-reduced flag). A provider that says so
+    (``splits_step``) is captured as two graphs: the *head* (``pre_update``,
+    then ``provider.begin_step(batch)``, which queues the decision and its
+    all-reduce on the device) and the *tail* (``compute``, ``post_update``).
+    A replay runs the head, reads the decision (``provider.take_verdict``: the
+    one host read a multi-rank step makes anyway), then replays the tail when
+    the halo still holds, or runs ``compute`` and ``post_update`` eagerly
+    (migration, a new plan) and drops both graphs, whose shapes no longer fit.
+    Every rank reads the same all-reduced decision, so all ranks take the same
+    branch; an eager step and a replay issue the same collectives in the same
+    order, so ranks that capture at different steps still match.
 
 Fixed addresses
     Everything a replay reads must be where the capture found it. The batch's
@@ -130,6 +144,10 @@ class StepGraphs:
         self.drops = 0
         self.last_drop: str | None = None
         self._graph: StepGraph | None = None
+        # a split step: the tail graph, its provider, the head's callbacks
+        self._tail: StepGraph | None = None
+        self._split: Any = None
+        self._head_callbacks: list[Callable[[], bool]] = []
         self._key: Hashable | None = None
         self._last_key: Hashable | None = None
         self._streak = 0
@@ -167,6 +185,9 @@ class StepGraphs:
             self.drops += 1
             self.last_drop = reason
         self._graph = None
+        self._tail = None
+        self._split = None
+        self._head_callbacks = []
         self._key = None
         self._static = {}
         self._callbacks = []
@@ -189,8 +210,7 @@ class StepGraphs:
             # (an integrator may read the step from a device counter: Langevin's noise)
             steady = key == self._key and self.dyn.step_count == self._next_step
             if steady and self._bind_inputs():
-                self._graph.replay()
-                self._after_replay()
+                self._replay()
                 return True
             self.drop("the step's keys, inputs or step count changed")
         if key != self._last_key:
@@ -202,6 +222,9 @@ class StepGraphs:
         graph = make_step_graph(self.dyn.batch.device)
         if graph is None:
             return False
+        split = self.dyn.force_provider
+        if getattr(split, "splits_step", False):
+            return self._capture_split(graph, split)
         return self._capture(graph)
 
     # ------------------------------------------------------------ internals
@@ -225,16 +248,15 @@ class StepGraphs:
             dyn.batch = _rebind(dyn.batch, self._static)
         return True
 
-    def _capture(self, graph: StepGraph) -> bool:
+    def _recording(
+        self, pre: dict[str, torch.Tensor], changed: list[str], stages: Callable[[], None]
+    ) -> Callable[[], None]:
+        """A capture body: ``stages``, then every batch field the stages replaced
+        copied back into its static tensor ``pre[name]`` (named in ``changed``)."""
         dyn = self.dyn
-        before, outputs_before = dyn.batch, dyn.outputs
-        pre = _fields(before)
-        changed: list[str] = []
 
         def body() -> None:
-            dyn.pre_update()
-            dyn.compute()
-            dyn.post_update()
+            stages()
             post = _fields(dyn.batch)
             if post.keys() != pre.keys():
                 raise CaptureError(
@@ -246,23 +268,107 @@ class StepGraphs:
                 if not _same_kind(t, pre[name]):
                     raise CaptureError(f"the step changed the shape or dtype of {name!r}")
                 pre[name].copy_(t)  # back into the static tensor: the next replay reads it
-                changed.append(name)
+                if name not in changed:
+                    changed.append(name)
 
+        return body
+
+    def _middle(self) -> None:
+        self.dyn.pre_update()
+        self.dyn.compute()
+        self.dyn.post_update()
+
+    def _rest(self) -> None:
+        self.dyn.compute()
+        self.dyn.post_update()
+
+    def _capture(self, graph: StepGraph) -> bool:
+        dyn = self.dyn
+        before, outputs_before = dyn.batch, dyn.outputs
+        pre = _fields(before)
+        changed: list[str] = []
         try:
-            callbacks = graph.capture(body)
+            callbacks = graph.capture(self._recording(pre, changed, self._middle))
         except CaptureError as exc:
             dyn.batch, dyn.outputs = before, outputs_before
-            if graph.executes_on_capture:
+            return self._failed(graph, exc)
+        self._keep(graph, pre, changed, callbacks)
+        if not graph.executes_on_capture:
+            graph.replay()
+        self._after_replay()
+        return True
+
+    def _capture_split(self, head: StepGraph, split: Any) -> bool:
+        """Capture a step as a head and a tail graph around ``split``'s decision
+        (module notes); the step is done when this returns True."""
+        dyn = self.dyn
+        before, outputs_before = dyn.batch, dyn.outputs
+        pre = _fields(before)
+        changed: list[str] = []
+
+        def head_stages() -> None:
+            dyn.pre_update()
+            split.begin_step(dyn.batch)
+
+        try:
+            head_callbacks = head.capture(self._recording(pre, changed, head_stages))
+        except CaptureError as exc:
+            dyn.batch, dyn.outputs = before, outputs_before
+            return self._failed(head, exc)
+        dyn.batch = _rebind(dyn.batch, pre)
+        if not head.executes_on_capture:
+            head.replay()
+        head_fits = _run_callbacks(head_callbacks)
+        if not split.take_verdict(dyn.batch):  # the halo is rebuilt: no graph to keep
+            self._rest()
+            return True
+        after_head = dyn.batch
+        tail = make_step_graph(dyn.batch.device)
+        try:
+            if tail is None:  # pragma: no cover - the head's device gave a graph
+                raise CaptureError("no graph for the tail of the step")
+            tail_callbacks = tail.capture(self._recording(pre, changed, self._rest))
+        except CaptureError as exc:
+            dyn.batch, dyn.outputs = after_head, outputs_before
+            if tail is None or tail.executes_on_capture:
                 raise
-            self.enabled = False
-            self.last_drop = f"capture failed: {exc}"
-            torch.cuda.synchronize()
-            warnings.warn(
-                f"{type(dyn).__name__}: step capture failed, running every step eagerly ({exc})",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
+            self._failed(tail, exc)
+            split.take_verdict(dyn.batch)  # (the failed capture consumed the decision)
+            self._rest()
+            return True
+        self._keep(head, pre, changed, tail_callbacks)
+        self._tail, self._split, self._head_callbacks = tail, split, head_callbacks
+        if not tail.executes_on_capture:
+            tail.replay()
+        self._after_replay()
+        if not head_fits:
+            self.drop("a component asked for an eager step")
+        return True
+
+    def _failed(self, graph: StepGraph, exc: CaptureError) -> bool:
+        """A capture failed: raise under the emulation (a test wants to see it),
+        else run every step of this integrator eagerly, with a warning."""
+        if graph.executes_on_capture:
+            raise exc
+        self.enabled = False
+        self.last_drop = f"capture failed: {exc}"
+        torch.cuda.synchronize()
+        warnings.warn(
+            f"{type(self.dyn).__name__}: step capture failed, running every step eagerly ({exc})",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
+
+    def _keep(
+        self,
+        graph: StepGraph,
+        pre: dict[str, torch.Tensor],
+        changed: list[str],
+        callbacks: list[Callable[[], bool]],
+    ) -> None:
+        """Hold ``graph`` with its static tensors, outputs and callbacks."""
+        dyn = self.dyn
         self.captures += 1
         self._static = pre
         self._copy_in = frozenset(_VALUES | set(changed))
@@ -271,21 +377,47 @@ class StepGraphs:
         self._callbacks = callbacks
         self._graph = graph
         self._key = self.key()  # as the host sees it after the capture
-        if not graph.executes_on_capture:
-            graph.replay()
+
+    def _replay(self) -> None:
+        """Replay the held step (a split step: head, decision, then the tail or
+        the rest of the step eagerly)."""
+        assert self._graph is not None
+        self._graph.replay()
+        if self._tail is not None:
+            split, dyn = self._split, self.dyn
+            try:
+                head_fits = _run_callbacks(self._head_callbacks)
+                steady = split.take_verdict(dyn.batch)
+            except BaseException:
+                self.drop("the step's decision raised")
+                raise
+            if not steady:
+                self.drop("the halo is rebuilt (migration, a new plan)")
+                self._rest()
+                return
+            self._tail.replay()
+            self._after_replay()
+            if not head_fits:
+                self.drop("a component asked for an eager step")
+            return
         self._after_replay()
-        return True
 
     def _after_replay(self) -> None:
         self.replays += 1
         self._next_step = self.dyn.step_count + 1  # the host counts after this call
         self.dyn.outputs = self._outputs
-        fits = True
         try:
-            for callback in self._callbacks:
-                fits = callback() and fits
+            fits = _run_callbacks(self._callbacks)
         except BaseException:
             self.drop("a replay callback raised")
             raise
         if not fits:
             self.drop("a component asked for an eager step (e.g. a neighbour list must grow)")
+
+
+def _run_callbacks(callbacks: list[Callable[[], bool]]) -> bool:
+    """Run every callback (all of them, even after a False); whether all fit."""
+    fits = True
+    for callback in callbacks:
+        fits = callback() and fits
+    return fits

@@ -94,6 +94,8 @@ class DistributedPipelineModel(DistributedModel):
     spec asks for.
     """
 
+    _captures_halo_steps = False  # (its own step: not captured)
+
     #: One rank still runs the components on padded rows (each by its own spec).
     _single_rank_passthrough = False
 

@@ -351,10 +351,12 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     # ------------------------------------------------------------ Warp path
     def graph_key(self, batch: Batch) -> Hashable | None:
         """A token for a CUDA-graph capture of :meth:`forward` (see
-        ``BaseModelMixin.graph_key``): only the Warp path outside a DD context
-        is capturable (its neighbour list decides on the device); the token
-        follows the list's buffers and the parameter tables."""
-        if self._core is not None or current_dd_context().layout is not None:
+        ``BaseModelMixin.graph_key``): only the Warp path is capturable (its
+        neighbour list decides on the device), in one process or under a DD
+        context (on the padded rows; a new halo topology rebuilds the list on
+        the host, which changes the token); the token follows the list's
+        buffers and the parameter tables."""
+        if self._core is not None:
             return None
         try:
             if not self._warp_applies(batch):
