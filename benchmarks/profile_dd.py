@@ -224,8 +224,10 @@ def _rebuild_ranges(dp: Any, n: int, sync: Any, cuda: bool) -> str:
     rows.sort(key=lambda e: -e.cpu_time_total)
     for e in rows:
         dev = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0.0))
-        lines.append(f"   {e.key[5:]:<32s} {e.cpu_time_total / 1000 / n:8.2f} {dev / 1000 / n:8.2f}"
-                     f"   ({e.count // n} calls)")
+        lines.append(
+            f"   {e.key[5:]:<32s} {e.cpu_time_total / 1000 / n:8.2f} {dev / 1000 / n:8.2f}"
+            f"   ({e.count // n} calls)"
+        )
     return "\n".join(lines)
 
 
@@ -299,12 +301,25 @@ def main() -> None:
     p.add_argument("--shapes", action="store_true", help="also a table by input shapes")
     p.add_argument("--python", action="store_true", help="also host time per nvdd function")
     p.add_argument("--warmup", type=int, default=20, help="steps before the timed window")
-    p.add_argument("--forced", type=int, default=0, metavar="N",
-                   help="also time N steps with a forced rebuild (in the rebuild mean)")
-    p.add_argument("--ranges", type=int, default=0, metavar="N",
-                   help="also profile N forced rebuild steps as ranges (host and device time)")
-    p.add_argument("--steady-window", action="store_true",
-                   help="profile steps as they come (no forced rebuild in the window)")
+    p.add_argument(
+        "--forced",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N steps with a forced rebuild (in the rebuild mean)",
+    )
+    p.add_argument(
+        "--ranges",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N forced rebuild steps as ranges (host and device time)",
+    )
+    p.add_argument(
+        "--steady-window",
+        action="store_true",
+        help="profile steps as they come (no forced rebuild in the window)",
+    )
     p.add_argument(
         "--breakdown",
         type=int,
