@@ -180,3 +180,34 @@ def test_init_distributed_failure_names_backend_and_method() -> None:
         f"{CommunicationError.__name__}: rank 0: init_process_group('gloo', 'env://') failed"
         in out.stderr
     )
+
+
+@pytest.mark.parametrize(("backend", "bound"), [("nccl", torch.device("cuda", 3)), ("gloo", None)])
+def test_an_nccl_group_is_bound_to_this_ranks_gpu(
+    monkeypatch: pytest.MonkeyPatch, backend: str, bound: torch.device | None
+) -> None:
+    """NCCL groups get ``device_id`` (this rank's GPU), so NCCL never guesses the
+    device from the global rank (a guess that can hang); gloo gets none. The
+    CUDA calls are stubbed: this runs without a GPU, and the stubbed
+    ``init_process_group`` stops the call once it has seen its arguments."""
+    import nvdd.core._distributed as nd
+
+    seen: dict[str, object] = {}
+
+    def fake_init(**kwargs: object) -> None:
+        seen.update(kwargs)
+        raise RuntimeError("stopped after init_process_group")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(nd.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(nd.dist, "init_process_group", fake_init)
+    device = "cuda:3" if backend == "nccl" else "cpu"
+    with pytest.raises(CommunicationError, match="stopped after init_process_group"):
+        init_distributed(
+            backend=backend, device=device, rank=0, world_size=1,
+            init_method="file:///nonexistent-nvdd-rdzv", teardown=False,
+        )  # fmt: skip
+    assert seen["backend"] == backend
+    assert seen["device_id"] == bound

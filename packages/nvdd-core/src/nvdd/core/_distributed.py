@@ -182,6 +182,9 @@ def init_distributed(
             )
         if not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of size {world_size}")
+        # NCCL: bind the group to this rank's GPU (without it NCCL guesses the
+        # device from the global rank and warns that a guess can hang)
+        bound = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         try:
             dist.init_process_group(
                 backend=backend,
@@ -189,6 +192,7 @@ def init_distributed(
                 rank=rank,
                 world_size=world_size,
                 timeout=timeout,
+                device_id=bound,
             )
         except Exception as exc:
             raise CommunicationError(

@@ -155,6 +155,7 @@ def _rank_main(
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=torch.device("cuda", rank) if backend == "nccl" else None,
         )
         fn = _resolve(*fn_ref)
         args, kwargs = pickle.loads(payload)
