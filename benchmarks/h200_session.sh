@@ -117,6 +117,9 @@ x2mpnn)
   ;;
 x2final)
   # (ordered by priority: a short lease may end the call early)
+  step "the split capture on two GPUs (NCCL collectives inside the graphs): replayed vs eager"
+  timeout 120 python3 -m pytest -p nvdd.testing.plugin -q -m multigpu -p no:cacheprovider --tb=short \
+    integration_tests/test_it_cuda_graphs.py 2>&1 | tail -4
   step "LJ 1M fp32: peer, raw, DomainParallel on 1 and 2 GPUs (domain and pbc kept on the GPU)"
   timeout 120 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 \
     --steps 100 --warmup 20 --worlds 1 2 --json "$out/x2_lj_final.json" 2>&1 | quiet

@@ -294,3 +294,16 @@ def test_domain_parallel_halo_steps_on_one_gpu_are_replayed() -> None:
         torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
     assert graphed["calls"] == eager["calls"] and graphed["rebuilds"] == eager["rebuilds"] > 2
     assert graphed["replays"] > 10 and graphed["captures"] >= 2
+
+
+@pytest.mark.multigpu
+def test_domain_parallel_halo_steps_on_two_gpus_are_replayed() -> None:
+    """The split capture on two GPUs: the exchange and fold are NCCL collectives
+    recorded inside the tail graph, the decision's all-reduce inside the head."""
+    eager = run_ranks(_dp_cuda, 2, False, backend="nccl", start_method="spawn")
+    graphed = run_ranks(_dp_cuda, 2, True, backend="nccl", start_method="spawn")
+    for rank, (g, e) in enumerate(zip(graphed, eager, strict=True)):
+        for key in ("positions", "velocities", "forces", "energy"):
+            torch.testing.assert_close(g[key], e[key], **_close(torch.float64), msg=(rank, key))
+        assert g["calls"] == e["calls"] and g["rebuilds"] == e["rebuilds"] > 2, rank
+        assert g["replays"] > 10 and g["captures"] >= 2, rank
