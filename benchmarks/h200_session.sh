@@ -4,7 +4,11 @@
 #   bash benchmarks/h200_session.sh PHASE OUTDIR
 # PHASE: lj (GPU tests, NCCL suite at 1 rank, LJ vs the peer, largest LJ),
 #        models (MPNN, MACE, PME, ensembles, compile), graphs (CUDA-graph tests and
-#        LJ 131k / 1M with steady steps replayed and eager), or a benchmark name.
+#        LJ 131k / 1M with steady steps replayed and eager), halograph (the halo
+#        path's split capture: GPU graph tests, LJ with the halo forced, graphs on
+#        and off), h1prof / h1kernels (where a halo step goes on one GPU), x2final
+#        (two GPUs: the split capture with NCCL, LJ and MPNN scaling, GP, MACE),
+#        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
 out="${2:-/tmp/nvdd-h200}"
