@@ -206,6 +206,44 @@ def test_domain_parallel_halo_steps_are_replayed_and_equal_eager_steps(
         assert g["drops"] >= 1, rank
 
 
+def _poisoned_halo_run() -> dict[str, Any]:
+    """Two ranks replaying halo steps; rank 1 alone gets a NaN velocity at step
+    20 (between replays). Returns what each rank raised."""
+    model = lj_model()
+    batch = _hot()
+    dyn = VelocityVerlet(model, batch.clone(), dt_fs=2.0, cuda_graphs=True)
+
+    def poison(ctx: Any) -> None:
+        if ctx.step == 20 and ctx.rank == 1:
+            ctx.batch.velocities[0, 0] = float("nan")
+
+    dyn.register_hook(HookStage.BEFORE_STEP, poison)
+    runner = DomainParallel(dyn, DomainConfig(cutoff=model.cutoff, skin=0.5))
+    runner.partition(batch)
+    replays = 0
+    try:
+        with emulated_capture():
+            runner.run(10)
+            replays = dyn.graphs.replays
+            runner.run(30)
+    except ValidationError as exc:
+        return {"raised": str(exc), "replays_before": replays, "active": dyn.graphs.active}
+    finally:
+        runner.close()
+    return {"raised": None, "replays_before": replays, "active": dyn.graphs.active}
+
+
+def test_a_non_finite_value_on_one_rank_raises_on_every_rank_from_a_replay() -> None:
+    """The decision read between the head and the tail carries the non-finite
+    flag of every rank: both ranks raise at the same step, none is left waiting
+    in a collective, and the graphs are dropped."""
+    for rank, out in enumerate(run_ranks(_poisoned_halo_run, 2, timeout_s=300)):
+        assert out["replays_before"] > 0, rank  # the poison lands between replays
+        assert out["raised"] is not None and "non-finite" in out["raised"], (rank, out)
+        assert "rank 1" in out["raised"], (rank, out["raised"])
+        assert not out["active"], rank
+
+
 # ------------------------------------------------------------- on a GPU
 #: Differences a replayed run may show beyond those between two eager runs.
 _FLOOR = {torch.float64: 1e-9, torch.float32: 1e-4}
