@@ -59,7 +59,9 @@ def _reports(folder: Path) -> dict[int, str]:
 @pytest.mark.gloo
 @pytest.mark.parametrize("how", ["sleep", "behind", "freeze"])
 def test_watchdog_names_the_silent_rank_within_the_timeout(tmp_path: Path, how: str) -> None:
-    timeout_s = 2.0
+    # 4 s, not 2: on the 2-core CI host with 3 ranks a healthy rank was once seen
+    # outside the collective for 2 s (reading a source file) and named silent too
+    timeout_s = 4.0
     t0 = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         run_ranks(_stall, 3, str(tmp_path), 1, how, timeout_s, timeout_s=90)
@@ -70,7 +72,7 @@ def test_watchdog_names_the_silent_rank_within_the_timeout(tmp_path: Path, how: 
     assert 0 in reports and 2 in reports, reports
     expect = {"sleep": "stuck outside", "behind": "behind", "freeze": "not responding"}[how]
     for rank, text in reports.items():
-        assert text.startswith(f"nvdd watchdog: rank {rank} made no progress for 2.")
+        assert text.startswith(f"nvdd watchdog: rank {rank} made no progress for 4.")
         assert "silent rank(s): [1]." in text, text
         assert f"rank 1: {expect}" in text, text
     assert "step 3" in reports[0]
