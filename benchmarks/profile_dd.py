@@ -190,18 +190,23 @@ def _patched(pieces: Any, wrap: Any) -> list[tuple[Any, str, Any]]:
         for part in parents:
             owner = getattr(owner, part)
         original = getattr(owner, name)
-        setattr(owner, name, wrap(original, label.strip()))
+        setattr(owner, name, wrap(original, label))
         undo.append((owner, name, original))
     return undo
 
 
 def _rebuild_ranges(dp: Any, n: int, sync: Any, cuda: bool) -> str:
     """Host and device time of each piece of ``_RANGES`` (``record_function``
-    ranges, inclusive) over ``n`` forced rebuild steps."""
+    ranges, inclusive) over ``n`` forced rebuild steps.
+
+    The device column is the profiler's attribution of kernels to ranges; on
+    the H200 it credited migration with 7 ms that an A/B of the same rebuilds
+    did not find (``docs/h200/2026-12-01-h1-rebuild-ab.log``): use it to point,
+    and ``--forced`` (steps timed alone) to measure."""
 
     def wrap(f: Any, label: str) -> Any:
         def ranged(*a: Any, **k: Any) -> Any:
-            with torch.profiler.record_function("nvdd:" + label):
+            with torch.profiler.record_function("nvdd:" + label.strip()):
                 return f(*a, **k)
 
         return ranged
