@@ -8,6 +8,8 @@
 #        path's split capture: GPU graph tests, LJ with the halo forced, graphs on
 #        and off), h1prof / h1kernels (where a halo step goes on one GPU), x2final
 #        (two GPUs: the split capture with NCCL, LJ and MPNN scaling, GP, MACE),
+#        h1compile (the compiled MPNN against eager on one GPU), h1trace (what
+#        each rebuild costs a captured run, step by step),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -167,6 +169,23 @@ h1kernels)
   step "MPNN 97,556 atoms fp32: HALO vs GRAPH_PARTITION on one GPU"
   timeout 150 python3 benchmarks/bench_graph_partition.py --part step --device cuda --cells 29 \
     --worlds 1 --steps 20 2>&1 | quiet
+  ;;
+h1compile)
+  for extra in "" "" "--halo"; do
+    step "MPNN 97,556 atoms fp32: compiled vs eager DomainParallel on one GPU ${extra:-(whole batch)}"
+    timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
+      --steps 100 --warmup 60 --worlds 1 --chunks 4 $extra 2>&1 | quiet | tail -4
+  done
+  ;;
+h1trace)
+  for mode in "--halo" ""; do
+    step "LJ 1M fp32 on one GPU ${mode:-(whole batch)}: 200 steps timed one by one (graphs on)"
+    timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 $mode --cells 63 --dtype float32 \
+      --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A1 "trace ("
+  done
+  step "MPNN 97,556 atoms fp32: compiled with mode=reduce-overhead vs eager, whole batch"
+  timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
+    --steps 100 --warmup 60 --worlds 1 --chunks 4 --compile-mode reduce-overhead 2>&1 | quiet | tail -3
   ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"

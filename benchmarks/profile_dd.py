@@ -24,6 +24,50 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
+    """Each of ``steps`` steps timed alone (device synchronised), tagged by what it
+    was: ``R`` rebuilt the halo, ``C`` captured a CUDA graph, ``G`` replayed one,
+    ``E`` ran eagerly. Returns the per-tag counts and mean ms, the sequence, and
+    the cost of one rebuild cycle (the rebuild step, the eager steps and the
+    capture after it, each less a replayed step) over the replayed step."""
+    graphs = getattr(dyn, "graphs", None)
+    tags: list[str] = []
+    times: list[float] = []
+    for _ in range(steps):
+        before = (dp.stats.rebuilds, getattr(graphs, "captures", 0), getattr(graphs, "replays", 0))
+        t0 = time.perf_counter()
+        dp.run(1)
+        sync()
+        times.append(1000 * (time.perf_counter() - t0))
+        after = (dp.stats.rebuilds, getattr(graphs, "captures", 0), getattr(graphs, "replays", 0))
+        tag = (
+            "R"
+            if after[0] != before[0]
+            else "C"
+            if after[1] != before[1]
+            else "G"
+            if after[2] != before[2]
+            else "E"
+        )
+        tags.append(tag)
+    by: dict[str, list[float]] = {}
+    for tag, ms in zip(tags, times, strict=True):
+        by.setdefault(tag, []).append(ms)
+    means = {tag: statistics.mean(v) for tag, v in by.items()}
+    counts = {tag: len(v) for tag, v in by.items()}
+    replay = statistics.median(by["G"]) if "G" in by else float("nan")
+    extra = sum(ms - replay for tag, ms in zip(tags, times, strict=True) if tag != "G")
+    rebuilds = max(1, counts.get("R", 0))
+    return {
+        "sequence": "".join(tags),
+        "counts": counts,
+        "mean_ms": means,
+        "replay_ms": replay,
+        "per_step_ms": statistics.mean(times),
+        "extra_per_rebuild_ms": extra / rebuilds,
+    }
+
+
 def _rank(
     cells: int,
     device: str,
@@ -37,6 +81,7 @@ def _rank(
     steady_window: bool = False,
     ranges: int = 0,
     forced: int = 0,
+    trace: int = 0,
 ) -> dict[str, Any]:
     import torch.distributed as dist
     from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
@@ -58,6 +103,8 @@ def _rank(
         dp.run(warmup)
         sync()
         dist.barrier()
+        if trace:
+            out["trace"] = _trace(dp, dyn, trace, sync)
         steady, rebuild = [], []
         for _ in range(steps):
             before = dp.stats.rebuilds
@@ -302,6 +349,12 @@ def main() -> None:
     p.add_argument("--cells", type=int, default=10)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        help="time N steps one by one first, tagged rebuild / capture / replay / eager",
+    )
     p.add_argument("--halo", action="store_true", help="one rank: the halo path anyway")
     p.add_argument("--shapes", action="store_true", help="also a table by input shapes")
     p.add_argument("--python", action="store_true", help="also host time per nvdd function")
@@ -338,11 +391,20 @@ def main() -> None:
     backend = "nccl" if args.device == "cuda" else "gloo"
     res = spawn_ranks(
         _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.halo, args.shapes, args.python,
-        args.warmup, args.breakdown, args.steady_window, args.ranges, args.forced, backend=backend, timeout_s=900, start_method="spawn",
+        args.warmup, args.breakdown, args.steady_window, args.ranges, args.forced, args.trace, backend=backend, timeout_s=900, start_method="spawn",
     )  # fmt: skip
     print(f"### profile_dd.py --device {args.device} --world {args.world} --cells {args.cells} "
           f"--dtype {args.dtype} --steps {args.steps}{' --halo' if args.halo else ''}")  # fmt: skip
     for r, out in enumerate(res):
+        if "trace" in out:
+            t = out["trace"]
+            means = ", ".join(f"{k} {v:.2f}" for k, v in sorted(t["mean_ms"].items()))
+            print(
+                f"rank {r} trace (R rebuild, C capture, G replay, E eager): {t['counts']}; "
+                f"mean ms {means}; {t['per_step_ms']:.2f} ms/step; one rebuild costs "
+                f"{t['extra_per_rebuild_ms']:.1f} ms over replayed steps ({t['replay_ms']:.2f})"
+            )
+            print(f"   {t['sequence']}")
         print(f"rank {r}: {out['owned']:,d} owned, {out['ghosts']:,d} ghosts; steady step "
               f"{out['steady_ms']:.2f} ms (median), rebuild step {out['rebuild_ms']:.2f} ms "
               f"({out['rebuilds']} in {out['steps']}); synchronised phases "

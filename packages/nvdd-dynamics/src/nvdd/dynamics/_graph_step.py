@@ -12,8 +12,10 @@ When a step is captured
     The integrator (:meth:`BaseDynamics.graph_key`), the force provider and the
     model (``graph_key(batch)``) all opt in, on CUDA (or inside
     :func:`nvdd.core.emulated_capture`), after :data:`WARMUP_STEPS` eager steps
-    with the same keys. Today: :class:`VelocityVerlet` and :class:`Langevin`
-    with `LennardJones` on its Warp path, in one process, under
+    with the same keys (:data:`WARMUP_AFTER_REBUILD` after a split step's
+    provider rebuilt: its rebuild step ran the new plan once already). Today:
+    :class:`VelocityVerlet` and :class:`Langevin` with `LennardJones` on its
+    Warp path, in one process, under
     :class:`DomainParallel` on one rank (the whole batch), and on the halo path
     of several ranks (split below).
 
@@ -78,10 +80,19 @@ __all__ = ["CUDA_GRAPHS_ENV", "WARMUP_STEPS", "StepGraphs", "cuda_graphs_default
 
 #: Eager steps with unchanged keys before a step is captured.
 WARMUP_STEPS = 2
+#: The same after a split step's provider rebuilt (its rebuild step already ran
+#: the new plan eagerly once: every first-call allocation and host rebuild is
+#: done, so the next step is captured at once; on one H200 the two eager steps
+#: cost 3.7 ms per rebuild of LJ 1M with the halo forced).
+WARMUP_AFTER_REBUILD = 0
 #: Environment variable: ``0`` turns step capture off by default.
 CUDA_GRAPHS_ENV = "NVDD_CUDA_GRAPHS"
-#: Fields whose values (not identity) a replay may take from the batch.
-_VALUES = frozenset({"positions", "velocities"})
+#: Fields whose values (not identity) a replay may take from the batch: the
+#: state, and the per-system outputs a hook may have consolidated between steps
+#: (the halo path totals energy and stress only when asked, so a step leaves
+#: them alone and a logging hook replaces them; copying its values in is what an
+#: eager step would read).
+_VALUES = frozenset({"positions", "velocities", "energy", "stress"})
 #: Hook stages inside the captured part of a step.
 _INSIDE = frozenset(
     {
@@ -151,6 +162,7 @@ class StepGraphs:
         self._key: Hashable | None = None
         self._last_key: Hashable | None = None
         self._streak = 0
+        self._rebuilt = False  # the last step's split decision rebuilt the provider
         self._static: dict[str, torch.Tensor] = {}
         self._copy_in: frozenset[str] = frozenset()
         self._callbacks: list[Callable[[], bool]] = []
@@ -213,8 +225,9 @@ class StepGraphs:
                 self._replay()
                 return True
             self.drop("the step's keys, inputs or step count changed")
+        rebuilt, self._rebuilt = self._rebuilt, False
         if key != self._last_key:
-            self._streak = 0
+            self._streak = WARMUP_STEPS - WARMUP_AFTER_REBUILD if rebuilt else 0
             self._last_key = key
         if self._streak < WARMUP_STEPS:
             self._streak += 1
@@ -321,6 +334,7 @@ class StepGraphs:
         head_fits = _run_callbacks(head_callbacks)
         if not split.take_verdict(dyn.batch):  # the halo is rebuilt: no graph to keep
             self._rest()
+            self._rebuilt = True
             return True
         after_head = dyn.batch
         tail = make_step_graph(dyn.batch.device)
@@ -394,6 +408,7 @@ class StepGraphs:
             if not steady:
                 self.drop("the halo is rebuilt (migration, a new plan)")
                 self._rest()
+                self._rebuilt = True
                 return
             self._tail.replay()
             self._after_replay()

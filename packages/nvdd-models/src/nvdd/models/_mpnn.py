@@ -43,7 +43,13 @@ from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
-from nvdd.models._compiled import CompiledCore, mpnn_embed, mpnn_layer, mpnn_readout
+from nvdd.models._compiled import (
+    CompiledCore,
+    mpnn_embed,
+    mpnn_energies,
+    mpnn_layer,
+    mpnn_readout,
+)
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
@@ -316,10 +322,12 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
 
-        Three compiled regions, all collective-free: the embedding and radial
-        features, one layer (updating the first ``owned_cap`` rows, a capacity
-        of the owned count; under DD the ghost rows are then refreshed, eagerly,
-        between layers) and the readout. While compiled, the parameters do not
+        Compiled regions, all collective-free. Under a DD context with ghost
+        rows, three: the embedding and radial features, one layer (updating the
+        first ``owned_cap`` rows, a capacity of the owned count; the ghost rows
+        are then refreshed, eagerly, between layers) and the readout. Without
+        ghost rows (one process, or a world of one running the whole batch),
+        the same code as one region (``mpnn_energies``). While compiled, the parameters do not
         require grad (forces need none; restored by ``None``, which returns to
         the eager model). Returns False (the runtime compiles the whole forward
         instead) when the preset's scatter mode is not ``ScatterMode.LOCAL``.
@@ -351,6 +359,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         n_update = self._owned_rows(self.distribution_spec().options.scatter)
         gen = self._dd_gate.generation
         t = core.inputs(positions, rows, system_index, edges, gen, n_update)
+        if n_update is None or n_update >= n:  # no exchange between layers: one region
+            whole: torch.Tensor = core.fn("energies", mpnn_energies)(
+                self, *t.tensors(cell), t.owned_receivers, t.owned
+            )
+            return whole[:n]
         radial, h = core.fn("embed", mpnn_embed)(self, *t.tensors(cell))
         last = len(self.layers) - 1
         for k, layer in enumerate(self.layers):
