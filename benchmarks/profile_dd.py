@@ -7,6 +7,9 @@ table of rank 0 over a window that holds a rebuild.
 
     python benchmarks/profile_dd.py --device cuda --world 2 --cells 63 --dtype float32
     python benchmarks/profile_dd.py --world 2 --cells 8            # CPU smoke check
+    # each step timed alone and tagged (rebuild, capture, replay, eager): what
+    # one rebuild costs a run whose steady steps are replayed CUDA graphs
+    python benchmarks/profile_dd.py --device cuda --world 1 --halo --cells 63 --trace 200
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_compiled_mpnn_on_two_ranks_never_recompiles_while_counts_drift() -> Non
     steps, warmup = 80, 10
     got = run_ranks(_run, 2, "mpnn2", "halo", steps, warmup, timeout_s=900)[0]
     assert got["mode"] == "core"
-    assert got["warm_compiles"] >= 3  # embed, layer, readout
+    assert got["warm_compiles"] >= 2  # embed + first layer, last layer + readout
     assert got["compiles"] == got["warm_compiles"], "a graph was compiled after the warm-up"
     assert got["rebuilds_after_warmup"] >= 3
     assert len(got["shapes_after_warmup"]) >= 3, got["shapes_after_warmup"]  # counts drifted
@@ -89,7 +89,12 @@ def test_compiled_mpnn_on_two_ranks_never_recompiles_while_counts_drift() -> Non
 
 @pytest.mark.parametrize(
     ("model", "strategy", "world"),
-    [("lj", "graph_partition", 3), ("mpnn2", "graph_partition", 2), ("lj", "halo", 1)],
+    [
+        ("lj", "graph_partition", 3),
+        ("mpnn2", "graph_partition", 2),
+        ("lj", "halo", 1),
+        ("mpnn3", "halo", 2),  # the compiled regions around two refreshes (a middle layer)
+    ],
 )
 def test_compiled_forward_equals_one_rank(model: str, strategy: str, world: int) -> None:
     steps = 20

@@ -51,6 +51,8 @@ __all__ = [
     "lj_pair",
     "mpnn_embed",
     "mpnn_energies",
+    "mpnn_first",
+    "mpnn_last",
     "mpnn_layer",
     "mpnn_readout",
 ]
@@ -381,6 +383,44 @@ def mpnn_energies(
     )
     for layer in model.layers:
         h = mpnn_layer(layer, h, radial, owned_receivers, senders, edge_mask, owned)
+    return mpnn_readout(model, h, owned)
+
+
+def mpnn_first(
+    model: Any,
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    rows: torch.Tensor,
+    system_index: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+    shifts: torch.Tensor,
+    edge_mask: torch.Tensor,
+    owned_receivers: torch.Tensor,
+    owned: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mpnn_embed` and the first layer as one region: ``(radial, h)``
+    (under DD the ghost rows of ``h`` are refreshed next, eagerly)."""
+    radial, h = mpnn_embed(
+        model, positions, cell, rows, system_index, receivers, senders, shifts, edge_mask
+    )
+    h = mpnn_layer(model.layers[0], h, radial, owned_receivers, senders, edge_mask, owned)
+    return radial, h
+
+
+def mpnn_last(
+    model: Any,
+    h: torch.Tensor,
+    radial: torch.Tensor,
+    owned_receivers: torch.Tensor,
+    senders: torch.Tensor,
+    edge_mask: torch.Tensor,
+    owned: torch.Tensor,
+) -> torch.Tensor:
+    """The last layer and :func:`mpnn_readout` as one region (its ghost rows are
+    never refreshed: nothing reads them)."""
+    layer = model.layers[len(model.layers) - 1]
+    h = mpnn_layer(layer, h, radial, owned_receivers, senders, edge_mask, owned)
     return mpnn_readout(model, h, owned)
 
 

@@ -45,10 +45,10 @@ from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._compiled import (
     CompiledCore,
-    mpnn_embed,
     mpnn_energies,
+    mpnn_first,
+    mpnn_last,
     mpnn_layer,
-    mpnn_readout,
 )
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
 from nvdd.models._neighbors import EdgeList
@@ -322,12 +322,14 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
 
-        Compiled regions, all collective-free. Under a DD context with ghost
-        rows, three: the embedding and radial features, one layer (updating the
-        first ``owned_cap`` rows, a capacity of the owned count; the ghost rows
-        are then refreshed, eagerly, between layers) and the readout. Without
-        ghost rows (one process, or a world of one running the whole batch),
-        the same code as one region (``mpnn_energies``). While compiled, the parameters do not
+        Compiled regions, all collective-free; each layer updates the first
+        ``owned_cap`` rows (a capacity of the owned count). Under a DD context
+        with ghost rows and two layers or more, cut where the ghost rows are
+        refreshed (eagerly): the embedding, radial features and first layer
+        (``mpnn_first``), each middle layer, the last layer and the readout
+        (``mpnn_last``). Otherwise (one process, a world of one running the
+        whole batch, one layer) the same code as one region
+        (``mpnn_energies``). While compiled, the parameters do not
         require grad (forces need none; restored by ``None``, which returns to
         the eager model). Returns False (the runtime compiles the whole forward
         instead) when the preset's scatter mode is not ``ScatterMode.LOCAL``.
@@ -359,21 +361,23 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         n_update = self._owned_rows(self.distribution_spec().options.scatter)
         gen = self._dd_gate.generation
         t = core.inputs(positions, rows, system_index, edges, gen, n_update)
-        if n_update is None or n_update >= n:  # no exchange between layers: one region
+        fused = n_update is None or n_update >= n or len(self.layers) == 1
+        if fused:  # no exchange between layers: one region
             whole: torch.Tensor = core.fn("energies", mpnn_energies)(
                 self, *t.tensors(cell), t.owned_receivers, t.owned
             )
-            return whole[:n]
-        radial, h = core.fn("embed", mpnn_embed)(self, *t.tensors(cell))
-        last = len(self.layers) - 1
-        for k, layer in enumerate(self.layers):
-            h = core.fn("layer", mpnn_layer)(
-                layer, h, radial, t.owned_receivers, t.senders, t.edge_mask, t.owned
+            energies = whole[:n] if n_update is None else whole[:n_update]
+        else:  # embed + first layer | refresh | middle layers, each refreshed | last + readout
+            edges_of = (t.owned_receivers, t.senders, t.edge_mask, t.owned)
+            radial, h = core.fn("first", mpnn_first)(
+                self, *t.tensors(cell), t.owned_receivers, t.owned
             )
-            if k < last and n_update is not None and n_update < n:
+            for layer in list(self.layers)[1:-1]:
                 h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
+                h = core.fn("layer", mpnn_layer)(layer, h, radial, *edges_of)
+            h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
+            energies = core.fn("last", mpnn_last)(self, h, radial, *edges_of)[:n_update]
         owned = n if n_update is None else n_update
-        energies: torch.Tensor = core.fn("readout", mpnn_readout)(self, h, t.owned)[:owned]
         if owned < n:  # ghost rows: their species offset only
             ghost = self.species_energy.index_select(0, rows[owned:])
             energies = torch.cat([energies, ghost])
