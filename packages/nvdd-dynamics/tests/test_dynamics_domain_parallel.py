@@ -365,3 +365,36 @@ def test_a_pipeline_spec_cannot_be_overridden() -> None:
     dyn = VelocityVerlet(_Pipeline(), make_gas(), dt_fs=2.0)
     with pytest.raises(ConfigurationError, match="cannot override a pipeline's spec"):
         DomainParallel(dyn, DomainConfig(cutoff=2.5), spec=SoftPair().distribution_spec())
+
+
+def _rebalanced_twice() -> dict:
+    dyn = VelocityVerlet(SoftPair(), make_gas(n=64), dt_fs=2.0)
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.4)) as dp:
+        dp.partition()
+        dp.run(3)
+        dp.sharded.rebalance()  # re-cut at the quantiles: atoms move, counts change
+        dp.run(1)
+        moved = dp.sharded.rebalance()  # the same quantiles again: a new partitioner
+        before = dp.stats.rebuilds
+        dp.run(1)
+        after_second = dp.stats.rebuilds - before
+        dp.run(4)
+        out = dp.gather(0)
+    return {
+        "sent": int(moved.n_sent),
+        "rebuilt": after_second,
+        "ids": None if out is None else out.atom_ids,
+        "forces": None if out is None else out.forces,
+    }
+
+
+def test_a_rebalance_rebuilds_the_plan_even_when_no_atom_moved() -> None:
+    """A halo plan belongs to the boxes it was built for: after
+    ``ShardedBatch.rebalance`` the next step rebuilds it (one shared decision),
+    even when the new cuts moved no atom and the counts are unchanged."""
+    got = run_ranks(_rebalanced_twice, 2, timeout_s=120)
+    ref = _reference(make_gas(n=64), 9, SoftPair())
+    for rank, g in enumerate(got):
+        assert g["sent"] == 0, rank  # (the scenario: a second rebalance moves nothing)
+        assert g["rebuilt"] == 1, rank
+    assert_close_by_id(got[0]["ids"], got[0]["forces"], ref.atom_ids, ref.forces, atol=1e-10)

@@ -186,6 +186,9 @@ class DistributedModel:
         # (partitioner, its domain cell of _ref_cell): derived once per build
         self._ref_domain: tuple[object, torch.Tensor] | None = None
         self._cell_at_build = TensorMemo()
+        # the partitioner the plan was built for: another one (a rebalance
+        # re-cut the boxes) forces a rebuild whatever the atoms did
+        self._built_for: object = None
         self._version = 0
         self._whole = False
         self._finite = LazyFiniteCheck()
@@ -386,8 +389,8 @@ class DistributedModel:
         plan, static = self._plan, self._static
         if not self._captures_halo_steps or plan is None or static is None:
             return None
-        if self._ref_positions is None:  # (request_rebuild: the next call rebuilds)
-            return None
+        if self._ref_positions is None or self._stale_partition():
+            return None  # (the next call rebuilds)
         with dd_scope(self._context(plan, None)):
             inner = key(static)
         if inner is None:
@@ -481,7 +484,13 @@ class DistributedModel:
         ref, ref_cell = self._ref_positions, self._ref_cell
         skin = self.config.skin
         part = self.sharded.partitioner
-        if ref is None or ref_cell is None or ref.shape != pos.shape or skin == 0:
+        if (
+            ref is None
+            or ref_cell is None
+            or ref.shape != pos.shape
+            or skin == 0
+            or self._stale_partition()
+        ):
             moved = torch.ones((), dtype=torch.int32, device=pos.device)
         elif not isinstance(part, SpatialPartitioner):  # index blocks: displacements only
             d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
@@ -507,6 +516,12 @@ class DistributedModel:
             code = code.to(comm_device(self.sharded.group))
             all_reduce(code, "max", self.sharded.group)
         return code
+
+    def _stale_partition(self) -> bool:
+        """Whether the sharded batch's partitioner is not the one the plan was
+        built for (``ShardedBatch.rebalance`` re-cut the boxes): the same on
+        every rank, since every rank holds the broadcast partitioner."""
+        return getattr(self.sharded, "partitioner", None) is not self._built_for
 
     def _read_verdict(self, code: torch.Tensor, batch: Batch) -> bool:
         """The host read of :meth:`_verdict_code`: whether to rebuild (raises on
@@ -580,6 +595,7 @@ class DistributedModel:
         # while a step's batch holds this cell tensor unmodified, the skin test
         # needs no cell algebra (skin_exceeded(same_cell))
         self._cell_at_build.remember(local.cell)
+        self._built_for = getattr(self.sharded, "partitioner", None)
         self._version += 1
         self.stats.rebuilds += 1
 
