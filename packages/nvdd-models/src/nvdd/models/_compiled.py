@@ -378,10 +378,11 @@ def mpnn_energies(
     nodes per step (the compiled MPNN step is bound by host time on a GPU), and
     the compiler may fuse across layers. Same arithmetic as the separate regions.
     """
-    radial, h = mpnn_embed(
-        model, positions, cell, rows, system_index, receivers, senders, shifts, edge_mask
-    )
-    for layer in model.layers:
+    radial, h = mpnn_first(
+        model, positions, cell, rows, system_index, receivers, senders, shifts, edge_mask,
+        owned_receivers, owned,
+    )  # fmt: skip
+    for layer in list(model.layers)[1:]:
         h = mpnn_layer(layer, h, radial, owned_receivers, senders, edge_mask, owned)
     return mpnn_readout(model, h, owned)
 
