@@ -40,11 +40,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 CUTOFF = {"lj": 8.5, "mpnn": 5.0}
 
 
-def _model(name: str, device: str, dtype: torch.dtype) -> Any:
+def _model(name: str, device: str, dtype: torch.dtype, neighbors: str = "auto") -> Any:
     from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
 
     if name == "mpnn":
-        cfg = MPNNConfig(cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=1.0)
+        cfg = MPNNConfig(
+            cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=1.0,
+            neighbors=neighbors,
+        )  # fmt: skip
         return ReferenceMPNN(cfg, dtype=dtype, device=device)
     lj = LJConfig(cutoff=CUTOFF["lj"], epsilon=0.0104, sigma=3.40, skin=1.0)
     return LennardJones(lj).to(device=device, dtype=dtype)
@@ -66,7 +69,7 @@ def _setup(args: dict[str, Any], device: str, compiled: bool) -> tuple[Any, Any]
     dtype = getattr(torch, args["dtype"])
     cells = args["cells"] if dist.get_rank() == 0 else 1
     batch = argon_box(cells, dtype=dtype, temperature_K=args["temperature"], seed=0).to(device)
-    model = _model(args["model"], device, dtype)
+    model = _model(args["model"], device, dtype, args.get("neighbors", "auto"))
     strategy = StrategyKind(args["strategy"])
     policy = CompilePolicy(
         enabled=compiled,
@@ -140,9 +143,16 @@ def ranks(args: dict[str, Any]) -> dict[str, Any]:
                 regrows=getattr(core, "regrows", 0),
                 atoms=dp.sharded.n_atoms,
                 ghosts=stats.n_ghost,
+                replays=dp.dynamics.graphs.replays,
+                captures=dp.dynamics.graphs.captures,
             )
             dp.close()
     return out
+
+
+def _replayed(run: dict[str, Any] | None) -> str:
+    """Steps replayed from a CUDA graph over all steps of a run (warm-up included)."""
+    return "-" if run is None else str(run.get("replays", 0))
 
 
 def main() -> None:
@@ -170,6 +180,12 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=5, help="alternating timed chunks")
     p.add_argument(
         "--quick", action="store_true", help="--cells 5 --steps 20 --warmup 5 --worlds 2"
+    )
+    p.add_argument(
+        "--neighbors",
+        default="auto",
+        choices=["auto", "device", "verlet"],
+        help="MPNNConfig.neighbors (device: capturable steps; verlet: the host-compacted list)",
     )
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -200,11 +216,12 @@ def main() -> None:
         f"\n{a.model.upper()} ({a.strategy}) on argon, {first['atoms']} atoms, {a.dtype}, "
         f"{a.device}, T0 {a.temperature:g} K, dt {a.dt:g} fs, {a.steps} steps after "
         f"{a.warmup} warm-up; backend {a.backend}, mode {a.compile_mode}, "
-        f"pad_shapes {not a.no_pad}"
+        f"pad_shapes {not a.no_pad}, neighbors {a.neighbors}"
     )
     print(
         f"{'ranks':>5}{'eager ms':>10}{'compiled ms':>13}{'speed-up':>10}{'warm-up s':>11}"
-        f"{'compiles':>10}{'after':>7}{'rebuilds':>10}{'regrows':>9}  caps (rank 0)"
+        f"{'compiles':>10}{'after':>7}{'rebuilds':>10}{'regrows':>9}{'replayed e/c':>14}"
+        "  caps (rank 0)"
     )
     for r in rows:
         per = r["per_rank"]
@@ -215,7 +232,8 @@ def main() -> None:
             f"{r['ranks']:>5}{eager:>10.2f}{comp['ms_per_step']:>13.2f}"
             f"{eager / comp['ms_per_step']:>10.2f}{comp['warmup_s']:>11.1f}"
             f"{comp['compiles_warmup']:>10}{after:>7}{comp['rebuilds_after']:>10}"
-            f"{comp['regrows']:>9}  "
+            f"{comp['regrows']:>9}"
+            f"{_replayed(per[0].get('eager')):>7}/{_replayed(comp):<6}  "
             f"{per[0]['compiled']['caps']}"
         )
     if a.json:

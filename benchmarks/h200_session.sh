@@ -8,7 +8,9 @@
 #        path's split capture: GPU graph tests, LJ with the halo forced, graphs on
 #        and off), h1prof / h1kernels (where a halo step goes on one GPU), x2final
 #        (two GPUs: the split capture with NCCL, LJ and MPNN scaling, GP, MACE),
-#        h1compile (the compiled MPNN against eager on one GPU), h1trace (what
+#        h1compile (the compiled MPNN against eager on one GPU), h1mpnntest, h1mpnn (the
+#        MPNN's captured steps: GPU tests; compiled vs eager on both neighbour
+#        paths), h1trace (what
 #        each rebuild costs a captured run, step by step),
 #        or a benchmark name.
 set -uo pipefail
@@ -175,6 +177,18 @@ h1compile)
     step "MPNN 97,556 atoms fp32: compiled vs eager DomainParallel on one GPU ${extra:-(whole batch)}"
     timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
       --steps 100 --warmup 60 --worlds 1 --chunks 4 $extra 2>&1 | quiet | tail -4
+  done
+  ;;
+h1mpnntest)
+  step "GPU tests: the MPNN's captured steps (eager and compiled) and the earlier capture tests"
+  timeout 500 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    integration_tests/test_it_mpnn_graphs.py integration_tests/test_it_cuda_graphs.py 2>&1 | tail -15
+  ;;
+h1mpnn)
+  for nb in device device verlet; do
+    step "MPNN 97,556 atoms fp32: compiled vs eager DomainParallel on one GPU, neighbors=$nb"
+    timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
+      --steps 100 --warmup 60 --worlds 1 --chunks 4 --neighbors $nb 2>&1 | quiet | tail -3
   done
   ;;
 h1trace)

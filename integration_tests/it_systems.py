@@ -86,7 +86,9 @@ def lj_model(dtype: torch.dtype = torch.float64, backend: str = "auto") -> Lenna
     return LennardJones(config).to(dtype)
 
 
-def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> ReferenceMPNN:
+def mpnn_model(
+    n_layers: int = 2, dtype: torch.dtype = torch.float64, neighbors: str = "auto"
+) -> ReferenceMPNN:
     cfg = MPNNConfig(
         cutoff=MPNN_CUTOFF,
         species=(18, 36),
@@ -95,6 +97,7 @@ def mpnn_model(n_layers: int = 2, dtype: torch.dtype = torch.float64) -> Referen
         n_layers=n_layers,
         seed=3,
         skin=0.5,
+        neighbors=neighbors,
     )
     return ReferenceMPNN(cfg, dtype=dtype)
 

@@ -126,6 +126,20 @@ class ModelForceProvider:
         key = getattr(self.model, "graph_key", None)
         return key(batch) if key is not None else None
 
+    @property
+    def splits_step(self) -> bool:
+        """Whether the model's captured steps are split at its own decision
+        (``begin_step`` / ``take_verdict``, see ``StepGraphs``)."""
+        return bool(getattr(self.model, "splits_step", False))
+
+    def begin_step(self, batch: Batch) -> None:
+        """The model's ``begin_step(batch)`` (queued on the device, unread)."""
+        self.model.begin_step(batch)  # type: ignore[attr-defined]
+
+    def take_verdict(self, batch: Batch) -> bool:
+        """The model's ``take_verdict(batch)``: whether the captured rest fits."""
+        return bool(self.model.take_verdict(batch))  # type: ignore[attr-defined]
+
 
 HookRunner = Callable[["BaseDynamics", HookStage, list[Hook]], None]
 

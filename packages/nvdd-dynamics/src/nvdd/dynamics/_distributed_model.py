@@ -378,8 +378,8 @@ class DistributedModel:
         every plan (a rebuild drops the graphs)."""
         if self.count or self.sync_timings:
             return None
-        if self.stats.compile_mode != CompileMode.OFF.value:
-            return None
+        if self.stats.compile_mode == CompileMode.WHOLE.value:
+            return None  # (the model's own compiled core: captured when it says so)
         key = getattr(self.model, "graph_key", None)
         if key is None:
             return None
@@ -400,16 +400,24 @@ class DistributedModel:
     @property
     def splits_step(self) -> bool:
         """Whether a captured step must be split at this provider's rebuild
-        decision (:meth:`begin_step`, :meth:`take_verdict`): the halo path."""
-        return not self._whole and self._plan is not None
+        decision (:meth:`begin_step`, :meth:`take_verdict`): the halo path, or a
+        world of one running the whole batch through a model that splits its
+        own steps (the MPNN on its device edges)."""
+        if self._whole:
+            return bool(getattr(self.model, "splits_step", False))
+        return self._plan is not None
 
     def begin_step(self, batch: Batch) -> None:
         """Queue this step's rebuild decision on the device, unread (capturable).
 
         **Collective** over the mesh: the one small all-reduce of the step (see
         :meth:`_skin_used_up`). :meth:`take_verdict` reads it; the next call then
-        skips its own check.
+        skips its own check. A world of one running the whole batch calls the
+        model's own ``begin_step`` instead (local).
         """
+        if self._whole:  # the model's own decision (e.g. its edge buffers fit)
+            self.model.begin_step(batch)
+            return
         self._code = self._verdict_code(batch)
 
     def take_verdict(self, batch: Batch) -> bool:
@@ -418,6 +426,8 @@ class DistributedModel:
         when the next call must migrate and rebuild. Raises on every rank
         together when some rank holds a non-finite value (as the call would).
         """
+        if self._whole:
+            return bool(self.model.take_verdict(batch))
         if self._code is None:
             raise CaptureError("DistributedModel.take_verdict before begin_step")
         rebuild = self._read_verdict(self._code, batch)

@@ -17,11 +17,15 @@ When a step is captured
     :class:`VelocityVerlet` and :class:`Langevin` with `LennardJones` on its
     Warp path, in one process, under
     :class:`DomainParallel` on one rank (the whole batch), and on the halo path
-    of several ranks (split below).
+    of several ranks (split below); and with `ReferenceMPNN` on its device
+    edges (eager or compiled), in one process or on one rank running the
+    whole batch (split at the model's own verdict: its edge buffers fit).
 
 A step split at a host decision
     A multi-rank step decides on the host whether atoms migrate and the halo
-    is rebuilt (one all-reduced flag). A provider that says so
+    is rebuilt (one all-reduced flag); a model with fixed-capacity buffers (the
+    MPNN's device edges) must learn whether they overflowed before its forces
+    are used. A provider that says so
     (``splits_step``) is captured as two graphs: the *head* (``pre_update``,
     then ``provider.begin_step(batch)``, which queues the decision and its
     all-reduce on the device) and the *tail* (``compute``, ``post_update``).
@@ -406,7 +410,9 @@ class StepGraphs:
                 self.drop("the step's decision raised")
                 raise
             if not steady:
-                self.drop("the halo is rebuilt (migration, a new plan)")
+                self.drop(
+                    "the provider decided against the captured rest (a halo rebuild, or buffers that grow)"
+                )
                 self._rest()
                 self._rebuilt = True
                 return

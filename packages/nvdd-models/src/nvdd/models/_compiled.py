@@ -320,8 +320,10 @@ def mpnn_embed(
     the cutoff) and the embedded features ``(atom_cap, F)``."""
     c = model.config
     r_vec = edge_vectors(positions, cell, system_index, receivers, senders, shifts)
-    r = torch.sqrt((r_vec * r_vec).sum(dim=1))
-    r = torch.where(edge_mask, r, torch.full_like(r, c.cutoff))
+    # padded edges are placed at the cutoff before the square root: a padded
+    # edge of zero length would give 0 * inf = NaN in the backward of sqrt
+    r2 = torch.where(edge_mask, (r_vec * r_vec).sum(dim=1), c.cutoff * c.cutoff)
+    r = torch.sqrt(r2)
     radial = radial_features(r, c.cutoff, c.n_basis, c.envelope_exponent)
     return radial, model.embedding.index_select(0, rows)
 

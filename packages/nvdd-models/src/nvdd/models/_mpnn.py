@@ -36,13 +36,14 @@ gradient of ghost features back to the ranks owning them.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import silu
 
-from nvdd.core import Batch, ModelOutputs
-from nvdd.models._checks import check_positive, config_error
+from nvdd.core import Batch, ModelOutputs, TensorMemo
+from nvdd.models._checks import check_positive, config_error, fail
 from nvdd.models._compiled import (
     CompiledCore,
     mpnn_energies,
@@ -51,9 +52,11 @@ from nvdd.models._compiled import (
     mpnn_layer,
 )
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
+from nvdd.models._device_edges import DeviceEdges, PaddedEdges
+from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
-from nvdd.models._species import species_table
+from nvdd.models._species import check_species, species_table
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import (
     ShardTensor,
@@ -64,6 +67,8 @@ from nvdd.shardtensor import (
 from nvdd.spec import SPEC_MPNN_GP, SPEC_MPNN_HALO, CompilePolicy, MLIPSpec, ScatterMode
 
 __all__ = ["MPNNConfig", "ReferenceMPNN"]
+
+_NEIGHBOR_MODES = ("auto", "device", "verlet")
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,14 @@ class MPNNConfig:
         Seed of the deterministic initialisation.
     skin:
         Verlet skin of the model's neighbour cache.
+    neighbors:
+        Where the edges come from outside a DD layout (one process, or a world
+        of one running the whole batch): ``"device"`` (a Warp Verlet list
+        compacted on the device at fixed capacities, :class:`DeviceEdges`: no
+        host read in a step, so steady steps can be captured in a CUDA graph),
+        ``"verlet"`` (vesin candidates compacted on the host side each call) or
+        ``"auto"`` (the default: ``"device"`` on CUDA with a skin > 0, else
+        ``"verlet"``). Under a DD layout (ghost rows) the Verlet list is used.
     """
 
     cutoff: float = 5.0
@@ -98,10 +111,15 @@ class MPNNConfig:
     envelope_exponent: int = 6
     seed: int = 0
     skin: float = 0.0
+    neighbors: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("cutoff", self.cutoff)
         check_positive("skin", self.skin, allow_zero=True)
+        if self.neighbors not in _NEIGHBOR_MODES:
+            raise config_error(
+                f"MPNNConfig.neighbors must be one of {_NEIGHBOR_MODES}, got {self.neighbors!r}"
+            )
         object.__setattr__(self, "species", tuple(self.species))
         if not self.species:
             raise config_error("MPNNConfig.species must list at least one atomic number")
@@ -241,6 +259,9 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self._initialise(config.seed)
         self.to(dtype=dtype, device=device)
         self.neighbors = VerletList(config.cutoff, config.skin)
+        self.device_edges = DeviceEdges(config.cutoff, config.skin)
+        self._species_seen = TensorMemo()
+        self._pending: PaddedEdges | None = None  # edges of begin_step, for the next call
         self._dd_gate = InputGate()
         if per_atom_exchange(self.distribution_spec()) is None and config.n_layers > 1:
             raise config_error(
@@ -291,12 +312,23 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         cell: torch.Tensor,
         rows: torch.Tensor,
         system_index: torch.Tensor,
-        edges: EdgeList,
+        edges: EdgeList | PaddedEdges,
     ) -> torch.Tensor:
         """Per-atom energies, shape ``(n_atoms,)``; differentiable in positions and cell.
 
-        ``rows`` are the atoms' species rows (int64 ``(n_atoms,)``).
+        ``rows`` are the atoms' species rows (int64 ``(n_atoms,)``). ``edges`` may
+        be :class:`PaddedEdges` (the device path, outside a DD layout).
         """
+        if isinstance(edges, PaddedEdges):
+            mask = edges.mask
+            region = (
+                mpnn_energies if self._core is None else self._core.fn("energies", mpnn_energies)
+            )
+            energies: torch.Tensor = region(
+                self, positions, cell, rows, system_index, edges.receivers, edges.senders,
+                edges.shifts, mask, edges.receivers, rows,
+            )  # fmt: skip
+            return energies
         if self._core is not None:
             return self._compiled_atom_energies(
                 self._core, positions, cell, rows, system_index, edges
@@ -443,6 +475,9 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         exchange per refresh in the backward, all over the context's group;
         every rank calls it at the same point. No communication otherwise.
         """
+        if n_receivers is None and self._device_path(batch):
+            return self._forward_device(batch, compute_stress, create_graph)
+        self._pending = None
         n_receivers, rows, edges = self._edges(
             batch, n_receivers, lambda: self._dtype_problem(batch)
         )
@@ -455,6 +490,103 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             energy_scope=energy_scope(self.distribution_spec()),
             create_graph=create_graph,
         )
+
+    def distributed_setup(self, ctx: object) -> None:
+        """Forget cached neighbours (both lists) and checks when a DD scope opens."""
+        super().distributed_setup(ctx)
+        self.device_edges.reset()
+        self._pending = None
+
+    def distributed_teardown(self) -> None:
+        """Forget cached neighbours (both lists) and checks when the scope closes."""
+        super().distributed_teardown()
+        self.device_edges.reset()
+        self._pending = None
+
+    # ------------------------------------------------------- the device path
+    def _device_path(self, batch: Batch) -> bool:
+        """Whether a call on ``batch`` takes its edges from :attr:`device_edges`
+        (``MPNNConfig.neighbors``; never under a DD layout)."""
+        mode = self._config.neighbors
+        if mode == "verlet" or current_dd_context().layout is not None:
+            return False
+        if type(batch.positions) is not torch.Tensor:
+            return False
+        if mode == "device":
+            return True
+        return batch.positions.device.type == "cuda" and self._config.skin > 0.0
+
+    def _device_inputs(self, batch: Batch) -> tuple[torch.Tensor, PaddedEdges]:
+        """Checked species rows and the device edges of ``batch`` (the edges of
+        :meth:`begin_step` when it ran for this step)."""
+        fail(self._dtype_problem(batch))
+        z = batch.atomic_numbers
+        if not self._species_seen.same(z):  # (a host read: only for a new tensor)
+            fail(check_species(self.species_rows, z))
+            self._species_seen.remember(z)
+        rows = self.species_rows.index_select(0, z)
+        edges, self._pending = self._pending, None
+        if edges is None:
+            edges = self.device_edges(batch.positions, batch.cell, batch.pbc, batch.system_index)
+        return rows, edges
+
+    def _forward_device(
+        self, batch: Batch, compute_stress: bool, create_graph: bool
+    ) -> ModelOutputs:
+        """:meth:`forward` on the device edges (one process; no communication)."""
+        rows, edges = self._device_inputs(batch)
+        return outputs_by_autograd(
+            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
+            batch.positions,
+            batch.cell,
+            batch.system_index,
+            compute_stress=compute_stress,
+            create_graph=create_graph,
+            energy_scope=energy_scope(self.distribution_spec()),
+        )
+
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """A token for a CUDA-graph capture of :meth:`forward` (see
+        ``BaseModelMixin.graph_key``): only the device path is capturable, and
+        only inside a step split at :meth:`begin_step` / :meth:`take_verdict`
+        (an overflow of the edge buffers must be seen before the forces are
+        used). None before the first call and under a DD layout."""
+        if not self._device_path(batch) or self.device_edges.capacity == 0:
+            return None
+        if not self._species_seen.same(batch.atomic_numbers):
+            return None
+        core = None if self._core is None else id(self._core)
+        return ("reference-mpnn", id(self), self.device_edges.graph_token, core)
+
+    @property
+    def splits_step(self) -> bool:
+        """True: a captured step through this model must be split at
+        :meth:`begin_step` (``nvdd.dynamics.StepGraphs``)."""
+        return True
+
+    def begin_step(self, batch: Batch) -> None:
+        """Search this step's edges on the device (capturable; no host read); the
+        next :meth:`forward` uses them. Local (no communication)."""
+        self._pending = None
+        if self._device_path(batch):
+            self._pending = self.device_edges(
+                batch.positions, batch.cell, batch.pbc, batch.system_index
+            )
+
+    def take_verdict(self, batch: Batch) -> bool:
+        """Whether the edges of :meth:`begin_step` fitted their buffers (one host
+        read). False: the buffers grow, and the next forward searches again
+        (the step must then run eagerly). Raises
+        :class:`~nvdd.core.ValidationError` on a non-finite position or a
+        singular cell, as a forward would."""
+        try:
+            fits = self.device_edges.verdict()
+        except BaseException:
+            self._pending = None
+            raise
+        if not fits:
+            self._pending = None
+        return fits
 
     def _dtype_problem(self, batch: Batch) -> str | None:
         if batch.dtype == self.dtype:
