@@ -8,9 +8,9 @@
 #        path's split capture: GPU graph tests, LJ with the halo forced, graphs on
 #        and off), h1prof / h1kernels (where a halo step goes on one GPU), x2final
 #        (two GPUs: the split capture with NCCL, LJ and MPNN scaling, GP, MACE),
-#        h1compile (the compiled MPNN against eager on one GPU), h1mpnntest, h1mpnn (the
-#        MPNN's captured steps: GPU tests; compiled vs eager on both neighbour
-#        paths), h1trace (what
+#        h1compile (the compiled MPNN against eager on one GPU), h1mpnntest, h1mpnn, h1mpnnhalo
+#        (the MPNN's captured steps: GPU tests; compiled vs eager on both
+#        neighbour paths, whole batch and halo forced), h1trace (what
 #        each rebuild costs a captured run, step by step),
 #        or a benchmark name.
 set -uo pipefail
@@ -189,6 +189,16 @@ h1mpnn)
     step "MPNN 97,556 atoms fp32: compiled vs eager DomainParallel on one GPU, neighbors=$nb"
     timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
       --steps 100 --warmup 60 --worlds 1 --chunks 4 --neighbors $nb 2>&1 | quiet | tail -3
+  done
+  ;;
+h1mpnnhalo)
+  # dt 4 fs: a halo rebuild every ~3 steps; dt 1 fs: rare rebuilds
+  for dt in ${MPNN_HALO_DTS:-4}; do
+    for nb in device verlet; do
+      step "MPNN 97,556 atoms fp32, halo forced on one GPU, dt $dt fs: compiled vs eager, neighbors=$nb"
+      timeout 280 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
+        --steps 100 --warmup 60 --worlds 1 --chunks 4 --halo --dt $dt --neighbors $nb 2>&1 | quiet | tail -3
+    done
   done
   ;;
 h1trace)

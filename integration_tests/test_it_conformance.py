@@ -21,9 +21,13 @@ def test_lennard_jones_passes_the_kit() -> None:
     assert report.passed and len(report.cases) == 12
 
 
-def test_reference_mpnn_passes_the_kit() -> None:
+@pytest.mark.parametrize("neighbors", ["verlet", "device"])
+def test_reference_mpnn_passes_the_kit(neighbors: str) -> None:
+    """Both neighbour paths: the Verlet list (the CPU default) and the device
+    edges at fixed capacities (the CUDA default), on every geometry of the kit."""
     batch = crystal("periodic", species=(18, 36))
-    report = assert_dd_equivalent(mpnn_model(2), batch, ranks=(2, 4), steps=10, dt_fs=1.0)
+    model = mpnn_model(2, neighbors=neighbors)
+    report = assert_dd_equivalent(model, batch, ranks=(2, 4), steps=10, dt_fs=1.0)
     assert report.passed and len(report.cases) == 8
 
 

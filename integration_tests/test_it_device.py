@@ -70,10 +70,10 @@ def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
         # when the cell changed (here it never does)
         assert r["steady_domain_calls"] == 0, r["steady_domain_calls"]
         wrapper = [e for e in r["steady"] if " at models/" not in e]
-        verdicts = [e for e in wrapper if "(_read_verdict)" in e]
+        verdicts = [e for e in wrapper if "(_read_code)" in e]
         assert len(verdicts) == r["steps"], wrapper
         # plus the finite check at the end of run() (forces of the last step)
-        others = [e for e in wrapper if "(_read_verdict)" not in e]
+        others = [e for e in wrapper if "(_read_code)" not in e]
         assert len(others) == 1 and "(check_finite)" in others[0], others
         # the recorder does see host work: a rebuild step migrates and plans
         assert any("(migrate)" in e for e in r["rebuild"]), r["rebuild"]

@@ -418,7 +418,29 @@ class DistributedModel:
         if self._whole:  # the model's own decision (e.g. its edge buffers fit)
             self.model.begin_step(batch)
             return
-        self._code = self._verdict_code(batch)
+        self._code = self._verdict_code(batch, self._begin_model_step(batch))
+
+    def _begin_model_step(self, batch: Batch) -> torch.Tensor | None:
+        """A model that splits its own steps (the MPNN on its device edges)
+        searches its edges here, on the padded rows with current ghosts, and
+        its overflow flag joins the step's decision (so a captured tail never
+        runs on edges that did not fit). None for any other model.
+
+        **Collective** (one ghost exchange) when the model splits its steps.
+        """
+        begin = getattr(self.model, "begin_step", None)
+        plan, static = self._plan, self._static
+        if begin is None or not getattr(self.model, "splits_step", False):
+            return None
+        if plan is None or static is None or self._stale_partition():
+            return None  # (the step rebuilds anyway)
+        owned = batch.positions.detach()
+        padded = torch.cat([owned, plan.ghost_positions(owned, batch.cell).detach()])
+        padded_batch = static.replace(positions=padded, cell=batch.cell)
+        with dd_scope(self._context(plan, padded)):
+            begin(padded_batch)
+        flag = getattr(self.model, "overflow_flag", None)
+        return flag() if flag is not None else None
 
     def take_verdict(self, batch: Batch) -> bool:
         """Read the decision queued by :meth:`begin_step` (one host read): True
@@ -430,9 +452,11 @@ class DistributedModel:
             return bool(self.model.take_verdict(batch))
         if self._code is None:
             raise CaptureError("DistributedModel.take_verdict before begin_step")
-        rebuild = self._read_verdict(self._code, batch)
-        self._decided = rebuild
-        return not rebuild
+        verdict = self._read_code(self._code, batch)
+        self._decided = verdict == _REBUILD
+        if verdict == _MODEL_GROWS:  # some rank's model buffers overflowed: it grows,
+            self.model.take_verdict(batch)  # (a local read) and this step runs eagerly
+        return verdict == _STEADY
 
     def _replayed_halo(self, version: int, partials: dict[str, torch.Tensor]) -> bool:
         """After a replay of a halo call: count it and make its per-system
@@ -476,19 +500,28 @@ class DistributedModel:
     def _skin_used_up(self, batch: Batch) -> bool:
         """Whether any rank must migrate and rebuild its plan (Verlet criterion).
 
-        **Collective** over the mesh: :meth:`_verdict_code`, then one host read.
+        **Collective** over the mesh: :meth:`_verdict_code` (with the model's
+        own search first when it splits its steps, so that an eager step issues
+        the collectives of a replayed one), then one host read.
         """
-        return self._read_verdict(self._verdict_code(batch), batch)
+        verdict = self._read_code(self._verdict_code(batch, self._begin_model_step(batch)), batch)
+        if verdict == _MODEL_GROWS:
+            self.model.take_verdict(batch)  # the overflowing rank grows (a local read)
+        return verdict == _REBUILD
 
-    def _verdict_code(self, batch: Batch) -> torch.Tensor:
+    def _verdict_code(self, batch: Batch, model_flag: torch.Tensor | None = None) -> torch.Tensor:
         """The rebuild decision as a device integer, reduced over ranks (no host read).
 
         **Collective** over the mesh: ONE all-reduce (max) of one small integer
-        computed on the atoms' device. ``1``: some owned atom
-        moved more than half the skin left since the last build (the cell's
-        strain eats into it; always with ``skin == 0``); ``2``: some rank holds a non-finite position, velocity or force
-        (the forces of the previous step): every rank then raises a
-        :class:`~nvdd.core.ValidationError` naming the ranks and atoms.
+        computed on the atoms' device, in increasing priority: ``0`` steady;
+        ``1`` (:data:`_MODEL_GROWS`): ``model_flag`` is set on some rank (its
+        model's buffers overflowed: the step runs eagerly, nothing is rebuilt);
+        ``2`` (:data:`_REBUILD`): some owned atom moved more than half the skin
+        left since the last build (the cell's strain eats into it; always with
+        ``skin == 0``); ``3`` (:data:`_NONFINITE`): some rank holds a non-finite
+        position, velocity or force (the forces of the previous step): every
+        rank then raises a :class:`~nvdd.core.ValidationError` naming the ranks
+        and atoms.
         """
         pos = batch.positions.detach()
         ref, ref_cell = self._ref_positions, self._ref_cell
@@ -521,7 +554,10 @@ class DistributedModel:
                 skin=skin,
                 same_cell=same,
             ).to(torch.int32)
-        code = torch.where(nonfinite_flag(batch) == 0, moved, torch.full_like(moved, 2)).reshape(1)
+        code = torch.where(moved != 0, _REBUILD, 0).to(torch.int32)
+        if model_flag is not None:
+            code = torch.maximum(code, (model_flag.reshape(()) != 0).to(torch.int32))
+        code = torch.where(nonfinite_flag(batch) == 0, code, _NONFINITE).reshape(1)
         if get_world_size(self.sharded.group) > 1:
             code = code.to(comm_device(self.sharded.group))
             all_reduce(code, "max", self.sharded.group)
@@ -533,13 +569,13 @@ class DistributedModel:
         every rank, since every rank holds the broadcast partitioner."""
         return getattr(self.sharded, "partitioner", None) is not self._built_for
 
-    def _read_verdict(self, code: torch.Tensor, batch: Batch) -> bool:
-        """The host read of :meth:`_verdict_code`: whether to rebuild (raises on
-        every rank for code 2)."""
+    def _read_code(self, code: torch.Tensor, batch: Batch) -> int:
+        """The host read of :meth:`_verdict_code` (raises on every rank for
+        :data:`_NONFINITE`)."""
         verdict = int(code.item())
-        if verdict == 2:
+        if verdict == _NONFINITE:
             raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)
-        return verdict == 1
+        return verdict
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
@@ -712,6 +748,10 @@ class DistributedModel:
         if self.pending is None:
             return {}
         return self.pending.materialize(names)
+
+
+#: The step decision's codes (:meth:`DistributedModel._verdict_code`), in priority order.
+_STEADY, _MODEL_GROWS, _REBUILD, _NONFINITE = 0, 1, 2, 3
 
 
 def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:

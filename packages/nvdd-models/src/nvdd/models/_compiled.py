@@ -37,7 +37,7 @@ from torch.nn.functional import silu
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._reduce import system_outer_sum
-from nvdd.padding import COOGraph, COOPadder, resolve_cap
+from nvdd.padding import CapacityRegistry, COOGraph, COOPadder, resolve_cap
 from nvdd.shardtensor import current_dd_context
 from nvdd.spec import CompilePolicy
 
@@ -172,6 +172,7 @@ class CompiledCore:
         self._agreed_generation: int | None = None
         #: Capacities that outgrew their headroom after the first call (each a recompile).
         self.regrows = 0
+        self._row_caps = CapacityRegistry()  # rows of callers with their own edges
 
     def release(self) -> None:
         """Give the parameters their ``requires_grad`` back."""
@@ -260,6 +261,33 @@ class CompiledCore:
             n,
         )
 
+    def row_caps(self, n_atoms: int, n_owned: int, generation: int) -> tuple[int, int]:
+        """Capacities ``(rows, owned rows)`` for a caller that brings its own
+        fixed-capacity edges (the MPNN's device edges under DD): the atom
+        counts change at every halo rebuild, the compiled shapes should not.
+
+        **Collective** over the live DD context's group at a new topology
+        (``generation``, as :meth:`inputs`): the ranks agree on both (two small
+        all-reduces); local otherwise (a count that outgrows its capacity
+        between rebuilds grows it on this rank alone).
+        """
+        ctx = current_dd_context()
+        group: Any = None
+        if ctx.is_distributed and generation != self._agreed_generation:
+            group = ctx.group if ctx.group is not None else dist.group.WORLD
+            self._agreed_generation = generation
+        growth = growth_for(n_owned)
+        caps = self._row_caps
+        before = caps.snapshot()
+        rows = resolve_cap(f"{self.name}.rows", n_atoms, growth=growth, group=group, registry=caps)
+        owned = resolve_cap(
+            f"{self.name}.owned", n_owned, growth=growth, group=group, registry=caps
+        )
+        after = caps.snapshot()
+        if any(key in before and after[key] > before[key] for key in after):
+            self.regrows += 1
+        return rows, min(owned, rows)
+
     def _escalate(self, before: dict[str, int]) -> None:
         """Double the headroom after every regrow of an existing capacity.
 
@@ -279,8 +307,9 @@ class CompiledCore:
 
     @property
     def capacities(self) -> dict[str, int]:
-        """The padder's current capacities by key (empty without padding)."""
-        return {} if self.padder is None else self.padder.registry.snapshot()
+        """The current capacities by key (the padder's and :meth:`row_caps`')."""
+        found = {} if self.padder is None else self.padder.registry.snapshot()
+        return {**found, **self._row_caps.snapshot()}
 
 
 def edge_vectors(

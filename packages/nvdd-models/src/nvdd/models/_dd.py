@@ -33,6 +33,7 @@ import torch
 
 from nvdd.core import Batch, ModelOutputs, ValidationError, raise_if_any_rank
 from nvdd.models._checks import check_geometry, check_system_index, config_error, fail
+from nvdd.models._device_edges import PaddedEdges
 from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._species import check_species
@@ -356,7 +357,7 @@ class HaloModelMixin(BaseModelMixin):
         self,
         batch: Batch,
         rows: torch.Tensor,
-        edges: EdgeList,
+        edges: EdgeList | PaddedEdges,
         n_counted: int | None,
         *,
         compute_stress: bool,
@@ -364,9 +365,16 @@ class HaloModelMixin(BaseModelMixin):
         create_graph: bool = False,
     ) -> ModelOutputs:
         """:func:`~nvdd.models._forces.outputs_by_autograd` of :meth:`atom_energies`
-        over ``edges`` (**Collective** as that function says)."""
+        over ``edges`` (**Collective** as that function says). ``PaddedEdges``
+        only for a model whose ``atom_energies`` takes them (the MPNN)."""
         return outputs_by_autograd(
-            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
+            lambda pos, cell: self.atom_energies(
+                pos,
+                cell,
+                rows,
+                batch.system_index,
+                edges,  # type: ignore[arg-type]
+            ),
             batch.positions,
             batch.cell,
             batch.system_index,

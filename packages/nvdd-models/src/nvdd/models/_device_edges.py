@@ -47,10 +47,13 @@ __all__ = ["DeviceEdges", "PaddedEdges", "edge_capacity"]
 _ROWS, _TOTAL = 0, 1
 
 
-def edge_capacity(n_edges: int, n_rows: int) -> int:
+def edge_capacity(n_edges: int, n_rows: int, headroom: float | None = None) -> int:
     """An edge capacity for ``n_edges`` real edges of ``n_rows`` receivers: 5 %
     headroom for large systems, up to 25 % for small ones (counts fluctuate by
-    about ``1 / sqrt(n)``), a multiple of 64, at least 64."""
+    about ``1 / sqrt(n)``), a multiple of 64, at least 64. A given ``headroom``
+    (a factor >= 1) is used as it is, without rounding (tests use 1.0)."""
+    if headroom is not None:
+        return max(1, math.ceil(headroom * n_edges))
     growth = min(1.25, max(1.05, 1.0 + 4.0 / math.sqrt(max(n_rows, 1))))
     return max(64, 64 * math.ceil(growth * n_edges / 64))
 
@@ -112,6 +115,9 @@ class DeviceEdges:
         The full :class:`DeviceVerletList` at ``cutoff + skin``.
     regrows:
         Times the edge capacity grew after its first sizing.
+    headroom:
+        ``None`` (default): the headroom rule of :func:`edge_capacity`; a
+        factor replaces it (1.0: exact capacities, which overflow often: tests).
     """
 
     def __init__(self, cutoff: float, skin: float = 0.0) -> None:
@@ -124,6 +130,7 @@ class DeviceEdges:
         self._provisional = False
         self._kernels = _Kernels()
         self.regrows = 0
+        self.headroom: float | None = None
 
     def __getstate__(self) -> dict[str, float]:
         # Device buffers and recorded launches do not travel; a copy sizes afresh.
@@ -157,9 +164,12 @@ class DeviceEdges:
         pbc: torch.Tensor,
         system_index: torch.Tensor,
         *,
+        n_receivers: int | None = None,
         topology: object = None,
     ) -> PaddedEdges:
-        """The edges at ``positions``: every row is a receiver.
+        """The edges at ``positions`` whose receivers are the first
+        ``n_receivers`` rows (default: every row); ``topology`` as for
+        :class:`DeviceVerletList` (a change rebuilds on the host).
 
         Outside a capture the overflow word is read (one host read) and the
         call repeats with a larger list or capacity until everything fits; a
@@ -168,18 +178,29 @@ class DeviceEdges:
         :meth:`verdict` says afterwards whether the call fitted.
         """
         while True:
-            matrix = self.candidates(positions, cell, pbc, system_index, topology=topology)
+            matrix = self.candidates(
+                positions, cell, pbc, system_index, n_receivers=n_receivers, topology=topology
+            )
             edges = self._compact(matrix, positions.detach(), cell.detach(), system_index)
             if capturing():
                 return edges
             rows, total = self._read()
             if self._provisional and rows == 0:  # first sizing: now the count is known
                 self._provisional = False
-                self._capacity = edge_capacity(total, int(positions.shape[0]))
+                self._capacity = edge_capacity(total, matrix.n_receivers, self.headroom)
                 continue
             if rows == 0 and total <= self._capacity:
                 return edges
-            self._grow(rows, total, int(positions.shape[0]))
+            self._grow(rows, total, matrix.n_receivers)
+
+    def overflow_flag(self) -> torch.Tensor:
+        """Int32 ``(1,)`` on the device: 1 when the last call did not fit (rows
+        past the matrix, edges past the capacity, or a search error), else 0.
+        No host read: a caller folds it into a reduction it makes anyway."""
+        word = self._word
+        if word is None:
+            raise CaptureError("DeviceEdges.overflow_flag before the first call")
+        return ((word[:1] != 0) | (word[1:] > self._capacity)).to(torch.int32)
 
     def verdict(self) -> bool:
         """Whether the last call fitted (one host read); when it did not, the next
@@ -219,7 +240,7 @@ class DeviceEdges:
     def _resize(self, total: int, n_rows: int) -> None:
         if self._capacity:
             self.regrows += 1
-        self._capacity = edge_capacity(total, n_rows)
+        self._capacity = edge_capacity(total, n_rows, self.headroom)
         self._buffers = None  # reallocated by the next call
 
     def _allocate(self, positions: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, ...]:
@@ -249,7 +270,7 @@ class DeviceEdges:
     ) -> PaddedEdges:
         """The candidates inside the cutoff, written into the edge buffers (two
         Warp passes around a prefix sum; no host read)."""
-        n_rows = matrix.n_rows
+        n_rows = matrix.n_receivers  # (a full list has rows for the others too)
         if self._capacity == 0:  # first sizing: every candidate (tight after one read)
             self._capacity = max(64, int(matrix.neighbors.shape[0]) * n_rows)
             self._provisional = True

@@ -36,14 +36,15 @@ gradient of ghost features back to the ranks owning them.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.functional import silu
 
 from nvdd.core import Batch, ModelOutputs, TensorMemo
-from nvdd.models._checks import check_positive, config_error, fail
+from nvdd.models._checks import check_positive, config_error
 from nvdd.models._compiled import (
     CompiledCore,
     mpnn_energies,
@@ -51,9 +52,14 @@ from nvdd.models._compiled import (
     mpnn_last,
     mpnn_layer,
 )
-from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, per_atom_exchange
+from nvdd.models._dd import (
+    HaloModelMixin,
+    InputGate,
+    energy_scope,
+    per_atom_exchange,
+    prepare_rows,
+)
 from nvdd.models._device_edges import DeviceEdges, PaddedEdges
-from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._radial import radial_features
 from nvdd.models._species import check_species, species_table
@@ -94,13 +100,14 @@ class MPNNConfig:
     skin:
         Verlet skin of the model's neighbour cache.
     neighbors:
-        Where the edges come from outside a DD layout (one process, or a world
-        of one running the whole batch): ``"device"`` (a Warp Verlet list
+        Where the edges come from: ``"device"`` (a Warp Verlet list
         compacted on the device at fixed capacities, :class:`DeviceEdges`: no
         host read in a step, so steady steps can be captured in a CUDA graph),
         ``"verlet"`` (vesin candidates compacted on the host side each call) or
-        ``"auto"`` (the default: ``"device"`` on CUDA with a skin > 0, else
-        ``"verlet"``). Under a DD layout (ghost rows) the Verlet list is used.
+        ``"auto"`` (the default: ``"device"`` on CUDA with a skin > 0 outside a
+        DD layout, else ``"verlet"``). Under a halo layout ``"device"`` runs
+        too (captured halo steps), but each halo rebuild then re-sizes the
+        buffers and recaptures the step: it pays only when rebuilds are rare.
     """
 
     cutoff: float = 5.0
@@ -262,6 +269,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self.device_edges = DeviceEdges(config.cutoff, config.skin)
         self._species_seen = TensorMemo()
         self._pending: PaddedEdges | None = None  # edges of begin_step, for the next call
+        self._pending_topology: object = None  # the halo topology they were searched on
         self._dd_gate = InputGate()
         if per_atom_exchange(self.distribution_spec()) is None and config.n_layers > 1:
             raise config_error(
@@ -320,15 +328,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         be :class:`PaddedEdges` (the device path, outside a DD layout).
         """
         if isinstance(edges, PaddedEdges):
-            mask = edges.mask
-            region = (
-                mpnn_energies if self._core is None else self._core.fn("energies", mpnn_energies)
-            )
-            energies: torch.Tensor = region(
-                self, positions, cell, rows, system_index, edges.receivers, edges.senders,
-                edges.shifts, mask, edges.receivers, rows,
-            )  # fmt: skip
-            return energies
+            return self._padded_atom_energies(positions, cell, rows, system_index, edges)
         if self._core is not None:
             return self._compiled_atom_energies(
                 self._core, positions, cell, rows, system_index, edges
@@ -350,6 +350,56 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         else:
             energies = self.readout_out(silu(self.readout_in(h))).squeeze(1)
         return energies + self.species_energy.index_select(0, rows)
+
+    def _padded_atom_energies(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: PaddedEdges,
+    ) -> torch.Tensor:
+        """:meth:`atom_energies` on the device edges: the masked regions of
+        ``_compiled`` (compiled under the model's core, else as they are), one
+        region without ghost rows, else cut at each refresh of the ghost rows.
+
+        **Collective** under a live DD context with ghost rows (one refresh per
+        layer but the last).
+        """
+        n = int(positions.shape[0])
+        n_update = self._owned_rows(self.distribution_spec().options.scatter)
+        core = self._core
+
+        def region(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            return fn if core is None else core.fn(key, fn)
+
+        recv, send, mask = edges.receivers, edges.senders, edges.mask
+        if n_update is None or n_update >= n or len(self.layers) == 1:
+            owned = rows if n_update is None else rows[:n_update]
+            inputs = (positions, cell, rows, system_index, recv, send, edges.shifts, mask)
+            energies: torch.Tensor = region("energies", mpnn_energies)(self, *inputs, recv, owned)
+        else:  # ghost rows: regions cut at the refreshes
+            if core is not None:  # compiled: rows padded to rank-agreed capacities
+                cap, owned_cap = core.row_caps(n, n_update, self._dd_gate.generation)
+                positions = torch.cat([positions, positions.new_zeros(cap - n, 3)])
+                system_index = torch.cat([system_index, system_index.new_zeros(cap - n)])
+                rows = torch.cat([rows, rows.new_zeros(cap - n)])
+                owned = rows[:owned_cap]  # (rows past n_owned: refreshed or never read)
+            else:
+                owned = rows[:n_update]
+            inputs = (positions, cell, rows, system_index, recv, send, edges.shifts, mask)
+            radial, h = region("first", mpnn_first)(self, *inputs, recv, owned)
+            for layer in list(self.layers)[1:-1]:
+                h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
+                h = region("layer", mpnn_layer)(layer, h, radial, recv, send, mask, owned)
+            h = torch.cat([refresh_neighbors(h[:n]), h[n:]])
+            energies = region("last", mpnn_last)(self, h, radial, recv, send, mask, owned)
+            energies = energies[:n_update]
+            rows = rows[:n]
+        if energies.shape[0] < n:  # ghost rows: their species offset only
+            ghost = self.species_energy.index_select(0, rows[energies.shape[0] :])
+            energies = torch.cat([energies, ghost])
+        return energies
 
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
@@ -506,57 +556,91 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     # ------------------------------------------------------- the device path
     def _device_path(self, batch: Batch) -> bool:
         """Whether a call on ``batch`` takes its edges from :attr:`device_edges`
-        (``MPNNConfig.neighbors``; never under a DD layout)."""
+        (``MPNNConfig.neighbors``). Under a DD layout: ``"device"`` only (not
+        ``"auto"``), the halo's explicit images only, and not on a rank
+        without owned rows."""
         mode = self._config.neighbors
-        if mode == "verlet" or current_dd_context().layout is not None:
+        if mode == "verlet" or type(batch.positions) is not torch.Tensor:
             return False
-        if type(batch.positions) is not torch.Tensor:
+        layout = current_dd_context().layout
+        if layout is not None and (
+            not getattr(layout, "explicit_images", True) or int(layout.n_owned) == 0
+        ):
             return False
         if mode == "device":
             return True
+        if layout is not None:  # auto: every halo rebuild re-sizes and recaptures (measured
+            return False  # slower with frequent rebuilds: docs/design.md)
         return batch.positions.device.type == "cuda" and self._config.skin > 0.0
 
-    def _device_inputs(self, batch: Batch) -> tuple[torch.Tensor, PaddedEdges]:
-        """Checked species rows and the device edges of ``batch`` (the edges of
-        :meth:`begin_step` when it ran for this step)."""
-        fail(self._dtype_problem(batch))
+    def _species_problem(self, batch: Batch) -> str | None:
         z = batch.atomic_numbers
-        if not self._species_seen.same(z):  # (a host read: only for a new tensor)
-            fail(check_species(self.species_rows, z))
+        if self._species_seen.same(z):  # (checking is a host read: only a new tensor)
+            return None
+        problem = check_species(self.species_rows, z)
+        if problem is None:
             self._species_seen.remember(z)
-        rows = self.species_rows.index_select(0, z)
-        edges, self._pending = self._pending, None
-        if edges is None:
-            edges = self.device_edges(batch.positions, batch.cell, batch.pbc, batch.system_index)
-        return rows, edges
+        return problem
 
     def _forward_device(
         self, batch: Batch, compute_stress: bool, create_graph: bool
     ) -> ModelOutputs:
-        """:meth:`forward` on the device edges (one process; no communication)."""
-        rows, edges = self._device_inputs(batch)
-        return outputs_by_autograd(
-            lambda pos, cell: self.atom_energies(pos, cell, rows, batch.system_index, edges),
-            batch.positions,
-            batch.cell,
-            batch.system_index,
-            compute_stress=compute_stress,
-            create_graph=create_graph,
-            energy_scope=energy_scope(self.distribution_spec()),
+        """:meth:`forward` on the device edges (the edges of :meth:`begin_step`
+        when it ran for this step). **Collective** under a live DD context as
+        :meth:`forward`."""
+        n_receivers, topology = prepare_rows(
+            self._dd_gate,
+            batch,
+            None,
+            lambda: self._dtype_problem(batch),
+            lambda: self._species_problem(batch),
         )
+        rows = self.species_rows.index_select(0, batch.atomic_numbers)
+        edges, self._pending = self._pending, None
+        if self._pending_topology != topology:
+            edges = None  # searched on the rows of another halo plan
+        if edges is None:
+            edges = self.device_edges(
+                batch.positions, batch.cell, batch.pbc, batch.system_index,
+                n_receivers=n_receivers, topology=topology,
+            )  # fmt: skip
+        return self._outputs_by_autograd(
+            batch,
+            rows,
+            edges,
+            n_receivers,
+            compute_stress=compute_stress,
+            energy_scope=energy_scope(self.distribution_spec()),
+            create_graph=create_graph,
+        )
+
+    def _steady_topology(self) -> tuple[bool, int | None, object]:
+        """``(steady, n_receivers, topology)`` for a call outside :meth:`forward`:
+        under a DD context whose topology the forward has not checked yet, not
+        steady (the forward checks it first, collectively)."""
+        ctx = current_dd_context()
+        if ctx.layout is None:
+            return True, None, None
+        if self._dd_gate.is_new(ctx):
+            return False, None, None
+        return True, int(ctx.layout.n_owned), self._dd_gate.generation
 
     def graph_key(self, batch: Batch) -> Hashable | None:
         """A token for a CUDA-graph capture of :meth:`forward` (see
         ``BaseModelMixin.graph_key``): only the device path is capturable, and
         only inside a step split at :meth:`begin_step` / :meth:`take_verdict`
         (an overflow of the edge buffers must be seen before the forces are
-        used). None before the first call and under a DD layout."""
+        used; under the halo the runtime folds :meth:`overflow_flag` into its
+        own decision). None before the first call."""
         if not self._device_path(batch) or self.device_edges.capacity == 0:
             return None
         if not self._species_seen.same(batch.atomic_numbers):
             return None
+        steady, _, topology = self._steady_topology()
+        if not steady:
+            return None
         core = None if self._core is None else id(self._core)
-        return ("reference-mpnn", id(self), self.device_edges.graph_token, core)
+        return ("reference-mpnn", id(self), self.device_edges.graph_token, core, topology)
 
     @property
     def splits_step(self) -> bool:
@@ -566,12 +650,21 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
 
     def begin_step(self, batch: Batch) -> None:
         """Search this step's edges on the device (capturable; no host read); the
-        next :meth:`forward` uses them. Local (no communication)."""
+        next :meth:`forward` uses them. Local (no communication); under a DD
+        context ``batch`` is the padded rows with their ghosts current."""
         self._pending = None
-        if self._device_path(batch):
+        steady, n_receivers, topology = self._steady_topology()
+        self._pending_topology = topology
+        if steady and self._device_path(batch):
             self._pending = self.device_edges(
-                batch.positions, batch.cell, batch.pbc, batch.system_index
-            )
+                batch.positions, batch.cell, batch.pbc, batch.system_index,
+                n_receivers=n_receivers, topology=topology,
+            )  # fmt: skip
+
+    def overflow_flag(self) -> torch.Tensor | None:
+        """Int32 ``(1,)`` on the device: whether the edges of :meth:`begin_step`
+        overflowed (no host read); None when it searched nothing."""
+        return None if self._pending is None else self.device_edges.overflow_flag()
 
     def take_verdict(self, batch: Batch) -> bool:
         """Whether the edges of :meth:`begin_step` fitted their buffers (one host
