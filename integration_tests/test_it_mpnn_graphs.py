@@ -14,7 +14,7 @@ import pytest
 import torch
 from it_systems import MPNN_CUTOFF, crystal, mpnn_model
 
-from nvdd.core import emulated_capture
+from nvdd.core import ValidationError, emulated_capture
 from nvdd.dynamics import DomainConfig, DomainParallel, HookStage, VelocityVerlet
 from nvdd.testing import run_ranks
 
@@ -181,3 +181,38 @@ def test_a_compiled_mpnn_halo_step_is_captured_and_equals_the_eager_step() -> No
     graphed = run_ranks(_halo_case, 2, True, {**kw, "compiled": True})[0]
     _same(graphed, eager, rtol=1e-12, atol=1e-12)
     assert graphed["captures"] >= 1 and graphed["replays"] >= 15
+
+
+def _poisoned(graphs: bool) -> dict[str, Any]:
+    """Two ranks on the device edges; rank 1 alone gets a NaN velocity at step 20
+    (its search then flags an error). Returns what each rank raised."""
+    model = mpnn_model(2, neighbors="device")
+    batch = crystal("periodic", temperature_k=900.0, seed=2)
+    dyn = VelocityVerlet(model, batch.clone(), dt_fs=2.0, cuda_graphs=graphs)
+
+    def poison(ctx: Any) -> None:
+        if ctx.step == 20 and ctx.rank == 1:
+            ctx.batch.velocities[0, 0] = float("nan")
+
+    dyn.register_hook(HookStage.BEFORE_STEP, poison)
+    runner = DomainParallel(dyn, DomainConfig(cutoff=MPNN_CUTOFF, skin=0.5))
+    runner.partition(batch)
+    try:
+        with emulated_capture():
+            runner.run(40)
+    except ValidationError as exc:
+        return {"raised": str(exc), "replays": dyn.graphs.replays}
+    finally:
+        runner.close()
+    return {"raised": None, "replays": dyn.graphs.replays}
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "replayed"])
+def test_a_non_finite_value_on_one_rank_raises_on_every_rank(graphs: bool) -> None:
+    """The search of the poisoned rank records its error instead of raising
+    alone (the other rank would wait in a collective); the shared decision of
+    the step raises on both, naming rank 1."""
+    for rank, out in enumerate(run_ranks(_poisoned, 2, graphs, timeout_s=300)):
+        assert out["raised"] is not None and "non-finite" in out["raised"], (rank, out)
+        assert "rank 1" in out["raised"], (rank, out["raised"])
+        assert (out["replays"] > 0) == graphs, (rank, out)

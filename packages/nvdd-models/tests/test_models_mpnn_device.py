@@ -178,3 +178,19 @@ def test_non_finite_positions_raise_on_the_device_path() -> None:
     bad[3, 1] = float("nan")
     with pytest.raises(ValidationError, match="NaN or infinite"):
         model(b.replace(positions=bad))  # (replace does not validate by default)
+
+
+def test_a_deferred_search_error_gives_nan_outputs_and_a_message() -> None:
+    """Under DD a rank must not raise alone: the error is recorded and every
+    output is NaN, which the runtime's shared finite check turns into a raise
+    on every rank (integration_tests/test_it_mpnn_graphs.py)."""
+    b = _batch("periodic", seed=8)
+    edges = _model("device").device_edges
+    edges(b.positions, b.cell, b.pbc, b.system_index)
+    assert float(edges.poison(torch.float64)) == 0.0
+    bad = b.positions.clone()
+    bad[2, 0] = float("inf")
+    edges.defer_errors = True
+    edges(bad, b.cell, b.pbc, b.system_index)  # no raise
+    assert edges.pending_error is not None and "NaN or infinite" in edges.pending_error
+    assert bool(torch.isnan(edges.poison(torch.float32)).all())

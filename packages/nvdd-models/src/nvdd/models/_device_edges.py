@@ -221,9 +221,37 @@ class DeviceEdges:
         values = self._word.tolist()  # the one host read of an uncaptured call
         error = self.candidates.error_word
         if values[_ROWS] < 0 and error is not None:
-            self.candidates.poll(wait=True)  # raises the search's own message
+            self.candidates.poll(wait=True)  # raises the search's own message, or records it
+            if self.defer_errors:  # the outputs are NaN (poison): a shared check raises
+                return 0, int(values[_TOTAL])
             raise ValidationError(f"device neighbour search failed (error bits {int(error)})")
         return int(values[_ROWS]), int(values[_TOTAL])
+
+    @property
+    def defer_errors(self) -> bool:
+        """Record a search error (:attr:`pending_error`; the model's outputs are NaN
+        through :meth:`poison`) instead of raising on this rank alone: under DD,
+        where the runtime's shared finite check then raises on every rank."""
+        return self.candidates.defer_errors
+
+    @defer_errors.setter
+    def defer_errors(self, value: bool) -> None:
+        self.candidates.defer_errors = bool(value)
+
+    @property
+    def pending_error(self) -> str | None:
+        """The message of a search error seen but not raised (``defer_errors``)."""
+        return self.candidates.pending_error
+
+    def poison(self, dtype: torch.dtype) -> torch.Tensor:
+        """``(1,)`` of ``dtype`` on the device: NaN while the last call's search
+        had an error, else 0 (added to a model's energies: an error is never a
+        silent result, in a replay either)."""
+        word = self._word
+        if word is None:
+            raise CaptureError("DeviceEdges.poison before the first call")
+        nan = torch.full((1,), float("nan"), dtype=dtype, device=word.device)
+        return torch.where(word[:1] < 0, nan, torch.zeros_like(nan))
 
     def _grow(self, rows: int, total: int, n_rows: int) -> None:
         """Grow what overflowed: the candidate matrix first (its next call), as

@@ -399,7 +399,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         if energies.shape[0] < n:  # ghost rows: their species offset only
             ghost = self.species_energy.index_select(0, rows[energies.shape[0] :])
             energies = torch.cat([energies, ghost])
-        return energies
+        return energies + self.device_edges.poison(energies.dtype)  # NaN after a search error
 
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
@@ -596,6 +596,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             lambda: self._species_problem(batch),
         )
         rows = self.species_rows.index_select(0, batch.atomic_numbers)
+        self.device_edges.defer_errors = n_receivers is not None  # under DD: NaN, then shared
         edges, self._pending = self._pending, None
         if self._pending_topology != topology:
             edges = None  # searched on the rows of another halo plan
@@ -655,6 +656,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self._pending = None
         steady, n_receivers, topology = self._steady_topology()
         self._pending_topology = topology
+        self.device_edges.defer_errors = n_receivers is not None
         if steady and self._device_path(batch):
             self._pending = self.device_edges(
                 batch.positions, batch.cell, batch.pbc, batch.system_index,
