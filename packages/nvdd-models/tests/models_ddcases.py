@@ -98,6 +98,11 @@ _PERIODIC_EMPTY_BOX = System(
     _PERIODIC.cell, _PERIODIC.pbc, _PERIODIC.grid, ((0.02, 0.5), (), ()), 1
 )
 
+# Open boundaries, cut at x = 0.93 of the box: rank 1 owns no atom and holds
+# rank 0's edge atoms as ghosts, rank 0 holds no ghost row at all (and still
+# sends: every rank must call every exchange).
+_OPEN_LOPSIDED = System(_PERIODIC.cell, (False, False, False), _PERIODIC.grid, ((0.93,), (), ()), 6)
+
 #: name -> (world size, systems of the batch)
 CASES: dict[str, tuple[int, tuple[System, ...]]] = {
     "periodic-2": (2, (_PERIODIC,)),
@@ -106,6 +111,7 @@ CASES: dict[str, tuple[int, tuple[System, ...]]] = {
     "mixed-periodic-cut-2": (2, (_MIXED_PERIODIC_CUT,)),
     "two-systems-2": (2, (_PERIODIC, _TRICLINIC_2)),
     "empty-rank-3": (3, (_PERIODIC_EMPTY_BOX,)),
+    "open-lopsided-2": (2, (_OPEN_LOPSIDED,)),
 }
 
 
@@ -117,6 +123,7 @@ def make_model(
     dtype: Any = None,
     backend: str = "auto",
     half_list: bool = True,
+    neighbors: str = "auto",
 ) -> Any:
     """The models under test (identical on every rank and in the oracle).
 
@@ -150,6 +157,7 @@ def make_model(
         n_layers=layers,
         seed=7,
         skin=skin,
+        neighbors=neighbors,
     )
     return ReferenceMPNN(config, dtype=dtype or torch.float64)
 
@@ -333,11 +341,13 @@ def run_steps(
     lj_backend: str = "auto",
     half_list: bool = True,
     ghost_forces: bool = True,
+    neighbors: str = "auto",
 ) -> list[dict[str, Any]]:
     """Rank function: run the model over ``schedule`` = ``(rebuild_plan, shift)`` steps.
 
-    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``);
-    ``ghost_forces=False`` skips the fold (see :func:`dd_forward`).
+    ``lj_backend`` and ``half_list`` choose the LJ implementation (``make_model``),
+    ``neighbors`` the MPNN's edges; ``ghost_forces=False`` skips the fold (see
+    :func:`dd_forward`).
 
     Ownership is fixed at step 0; a step with ``rebuild_plan`` builds a new halo
     plan (and bumps ``topology_version``), the others reuse the last plan with
@@ -345,7 +355,7 @@ def run_steps(
     between Verlet rebuilds.
     """
     rank = dist.get_rank()
-    model = make_model(kind, layers, skin, mode, dtype, lj_backend, half_list)
+    model = make_model(kind, layers, skin, mode, dtype, lj_backend, half_list, neighbors)
     owned = owned_rows(global_batch(case, kind, dtype=dtype), boxes_of(case), rank)
     plan: HaloPlan | None = None
     version = -1

@@ -318,14 +318,35 @@ MPNN_CASES = [
     ("mixed-periodic-cut-2", 2),
     ("two-systems-2", 3),
     ("empty-rank-3", 2),
+    ("open-lopsided-2", 3),
+]
+
+
+#: The device edges (``neighbors="device"``) on the cases that stress them.
+MPNN_DEVICE_CASES = [
+    ("periodic-2", 3, "device"),
+    ("two-systems-2", 2, "device"),
+    ("empty-rank-3", 2, "device"),
+    ("open-lopsided-2", 3, "device"),
 ]
 
 
 @pytest.mark.gloo
-@pytest.mark.parametrize(("case", "layers"), MPNN_CASES, ids=[f"{c}-L{n}" for c, n in MPNN_CASES])
-def test_mpnn_ranks_equal_the_single_process_model_by_id(case: str, layers: int) -> None:
+@pytest.mark.parametrize(
+    ("case", "layers", "neighbors"),
+    [(c, n, "auto") for c, n in MPNN_CASES] + MPNN_DEVICE_CASES,
+    ids=[f"{c}-L{n}" for c, n in MPNN_CASES] + [f"{c}-L{n}-dev" for c, n, _ in MPNN_DEVICE_CASES],
+)
+def test_mpnn_ranks_equal_the_single_process_model_by_id(
+    case: str, layers: int, neighbors: str
+) -> None:
     world = CASES[case][0]
-    got = [r[0] for r in run_ranks(run_steps, world, "mpnn", case, layers=layers, timeout_s=120)]
+    got = [
+        r[0]
+        for r in run_ranks(
+            run_steps, world, "mpnn", case, layers=layers, neighbors=neighbors, timeout_s=120
+        )
+    ]
     _compare(got, _oracle("mpnn", case, layers=layers))
     # Scope.OWNED: the energy is already global (and identical) on every rank.
     for g in got:

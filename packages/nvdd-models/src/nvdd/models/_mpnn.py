@@ -183,9 +183,9 @@ class _MessageLayer(torch.nn.Module):
         aggregated = own.new_zeros(own.shape).index_add_(0, receivers, messages)
         step: torch.Tensor = self.update_out(silu(self.update_in(torch.cat([own, aggregated], 1))))
         own = own + step
-        if own.shape[0] == h.shape[0]:
-            return own
-        padded = torch.cat([own, h[n_update:]])
+        # refreshed even without ghost rows here: a refresh is an all_to_all that
+        # every rank calls (this rank's rows may be ghosts elsewhere)
+        padded = own if own.shape[0] == h.shape[0] else torch.cat([own, h[n_update:]])
         return refresh_neighbors(padded) if refresh else padded
 
 
@@ -368,13 +368,20 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         """
         n = int(positions.shape[0])
         n_update = self._owned_rows(self.distribution_spec().options.scatter)
+        if n_update == 0:  # a rank without owned rows: one dummy row receives the
+            # (masked) padded edges, the results are sliced off; the refreshes
+            # and reductions still run, as on every other rank
+            return self._without_owned_rows(positions, cell, rows, system_index, edges)
         core = self._core
 
         def region(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn if core is None else core.fn(key, fn)
 
         recv, send, mask = edges.receivers, edges.senders, edges.mask
-        if n_update is None or n_update >= n or len(self.layers) == 1:
+        # under DD every rank refreshes after every layer but the last, with or
+        # without ghost rows of its own (a refresh is an all_to_all: every rank
+        # of the group calls it, one whose rows are ghosts elsewhere sends)
+        if n_update is None or len(self.layers) == 1:
             owned = rows if n_update is None else rows[:n_update]
             inputs = (positions, cell, rows, system_index, recv, send, edges.shifts, mask)
             energies: torch.Tensor = region("energies", mpnn_energies)(self, *inputs, recv, owned)
@@ -400,6 +407,27 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             ghost = self.species_energy.index_select(0, rows[energies.shape[0] :])
             energies = torch.cat([energies, ghost])
         return energies + self.device_edges.poison(energies.dtype)  # NaN after a search error
+
+    def _without_owned_rows(
+        self,
+        positions: torch.Tensor,
+        cell: torch.Tensor,
+        rows: torch.Tensor,
+        system_index: torch.Tensor,
+        edges: PaddedEdges,
+    ) -> torch.Tensor:
+        """:meth:`_padded_atom_energies` on a rank that owns no row (its edges are
+        all padding): the same exchanges as a rank that owns some, the ghost
+        rows' species offsets as energies. **Collective** as that method."""
+        n = int(positions.shape[0])
+        # (tied to the positions, so that the backward runs each refresh's fold too)
+        h = self.embedding.index_select(0, rows) + 0.0 * positions.sum()
+        for _ in range(len(self.layers) - 1):  # each layer's refresh, with nothing to update
+            h = refresh_neighbors(h)
+        if self._core is not None:  # the capacity agreement the other ranks make
+            self._core.row_caps(n, 0, self._dd_gate.generation)
+        energies = self.species_energy.index_select(0, rows) + 0.0 * h.sum()
+        return energies + self.device_edges.poison(energies.dtype)
 
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         """Compile the tensor core under ``policy`` (see ``BaseModelMixin.compile_forward``).
@@ -443,7 +471,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         n_update = self._owned_rows(self.distribution_spec().options.scatter)
         gen = self._dd_gate.generation
         t = core.inputs(positions, rows, system_index, edges, gen, n_update)
-        fused = n_update is None or n_update >= n or len(self.layers) == 1
+        fused = n_update is None or len(self.layers) == 1  # (under DD every rank refreshes)
         if fused:  # no exchange between layers: one region
             whole: torch.Tensor = core.fn("energies", mpnn_energies)(
                 self, *t.tensors(cell), t.owned_receivers, t.owned
@@ -557,16 +585,15 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     def _device_path(self, batch: Batch) -> bool:
         """Whether a call on ``batch`` takes its edges from :attr:`device_edges`
         (``MPNNConfig.neighbors``). Under a DD layout: ``"device"`` only (not
-        ``"auto"``), the halo's explicit images only, and not on a rank
-        without owned rows."""
+        ``"auto"``) and the halo's explicit images only; decided alike on every
+        rank (a rank without owned rows too), so that all issue the same
+        collectives."""
         mode = self._config.neighbors
         if mode == "verlet" or type(batch.positions) is not torch.Tensor:
             return False
         layout = current_dd_context().layout
-        if layout is not None and (
-            not getattr(layout, "explicit_images", True) or int(layout.n_owned) == 0
-        ):
-            return False
+        if layout is not None and not getattr(layout, "explicit_images", True):
+            return False  # (the same on every rank: the ranks' collectives must match)
         if mode == "device":
             return True
         if layout is not None:  # auto: every halo rebuild re-sizes and recaptures (measured
