@@ -165,8 +165,9 @@ def test_a_copy_of_a_model_searches_afresh_and_agrees() -> None:
     b = _batch("periodic", seed=6)
     model = _model("device")
     want = model(b)
+    model.device_edges.headroom = 1.5
     twin = copy.deepcopy(model)
-    assert twin.device_edges.capacity == 0
+    assert twin.device_edges.capacity == 0 and twin.device_edges.headroom == 1.5
     torch.testing.assert_close(twin(b)["forces"], want["forces"], rtol=0, atol=0)
 
 

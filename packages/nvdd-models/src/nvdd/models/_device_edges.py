@@ -132,12 +132,15 @@ class DeviceEdges:
         self.regrows = 0
         self.headroom: float | None = None
 
-    def __getstate__(self) -> dict[str, float]:
+    def __getstate__(self) -> dict[str, float | None]:
         # Device buffers and recorded launches do not travel; a copy sizes afresh.
-        return {"cutoff": self._cutoff, "skin": self.candidates.skin}
+        return {"cutoff": self._cutoff, "skin": self.candidates.skin, "headroom": self.headroom}
 
-    def __setstate__(self, state: dict[str, float]) -> None:
-        self.__init__(state["cutoff"], state["skin"])  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, float | None]) -> None:
+        cutoff, skin = state["cutoff"], state["skin"]
+        assert cutoff is not None and skin is not None
+        self.__init__(cutoff, skin)  # type: ignore[misc]
+        self.headroom = state.get("headroom")
 
     @property
     def capacity(self) -> int:
