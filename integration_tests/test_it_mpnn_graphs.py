@@ -216,3 +216,32 @@ def test_a_non_finite_value_on_one_rank_raises_on_every_rank(graphs: bool) -> No
         assert out["raised"] is not None and "non-finite" in out["raised"], (rank, out)
         assert "rank 1" in out["raised"], (rank, out["raised"])
         assert (out["replays"] > 0) == graphs, (rank, out)
+
+
+def _quiet_counts(neighbors: str) -> list[dict[str, int]]:
+    """Collectives of the steady (non-rebuilding) steps of a 2-rank MPNN run."""
+    model = mpnn_model(2, neighbors=neighbors)
+    batch = crystal("periodic", temperature_k=20.0, seed=2)
+    dyn = VelocityVerlet(model, batch, dt_fs=1.0, cuda_graphs=False)
+    config = DomainConfig(cutoff=MPNN_CUTOFF, skin=1.0)
+    with DomainParallel(dyn, config, count_collectives=True) as dp:
+        dp.partition(batch)
+        dp.run(3)
+        seen = []
+        for _ in range(4):
+            before = dp.stats.rebuilds
+            dp.step()
+            if dp.stats.rebuilds == before:
+                seen.append(dict(dp.stats.last_collectives))
+    return seen
+
+
+def test_only_the_device_edges_add_the_head_search_exchange() -> None:
+    """The head's search (a ghost exchange before the step's decision) is made
+    only when the MPNN takes its device edges under the halo: the default
+    (``"auto"`` keeps the Verlet list there) issues what it issued before."""
+    counts = {nb: run_ranks(_quiet_counts, 2, nb)[0] for nb in ("auto", "verlet", "device")}
+    assert counts["auto"] == counts["verlet"] and counts["verlet"]
+    for verlet, device in zip(counts["verlet"], counts["device"], strict=True):
+        extra = {k: device.get(k, 0) - verlet.get(k, 0) for k in set(device) | set(verlet)}
+        assert {k: v for k, v in extra.items() if v} == {"all_to_all_single": 1}, (verlet, device)

@@ -430,10 +430,11 @@ class DistributedModel:
         """
         begin = getattr(self.model, "begin_step", None)
         plan, static = self._plan, self._static
-        if begin is None or not getattr(self.model, "splits_step", False):
-            return None
-        if plan is None or static is None or self._stale_partition():
-            return None  # (the step rebuilds anyway)
+        if begin is None or plan is None or static is None or self._stale_partition():
+            return None  # (no such model, or the step rebuilds anyway)
+        with dd_scope(self._context(plan, None)):  # (the same answer on every rank)
+            if not getattr(self.model, "splits_step", False):
+                return None
         owned = batch.positions.detach()
         padded = torch.cat([owned, plan.ghost_positions(owned, batch.cell).detach()])
         padded_batch = static.replace(positions=padded, cell=batch.cell)

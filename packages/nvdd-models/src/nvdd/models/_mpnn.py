@@ -672,9 +672,19 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
 
     @property
     def splits_step(self) -> bool:
-        """True: a captured step through this model must be split at
-        :meth:`begin_step` (``nvdd.dynamics.StepGraphs``)."""
-        return True
+        """Whether a step through this model in the current context is split at
+        :meth:`begin_step` / :meth:`take_verdict` (``nvdd.dynamics.StepGraphs``;
+        under the halo the runtime then searches in the head of every step):
+        when the context's calls may take the device edges. Decided by the
+        configuration and the layout's kind, never by a rank's rows, so every
+        rank answers alike (the runtime's collectives depend on it)."""
+        mode = self._config.neighbors
+        layout = current_dd_context().layout
+        if mode == "verlet" or (
+            layout is not None and not getattr(layout, "explicit_images", True)
+        ):
+            return False
+        return mode == "device" or layout is None
 
     def begin_step(self, batch: Batch) -> None:
         """Search this step's edges on the device (capturable; no host read); the
