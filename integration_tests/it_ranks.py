@@ -160,10 +160,17 @@ def lj_steady_state(strategy: str = "halo", compiled: bool = False) -> dict[str,
         with DomainParallel(dyn, config, spec=spec, count_collectives=True) as dp:
             dp.partition()
             dp.run(3)
-            seen = []
-            for _ in range(5):
-                before = dp.stats.rebuilds
-                dp.step()
-                if dp.stats.rebuilds == before:
-                    seen.append(dict(dp.stats.last_collectives))
+            seen = steady_collectives(dp, 5)
     return {"quiet_steps": seen}
+
+
+def steady_collectives(dp: Any, steps: int) -> list[dict[str, int]]:
+    """Collectives of each of the next ``steps`` steps of ``dp`` (built with
+    ``count_collectives=True``) that rebuilt nothing."""
+    seen = []
+    for _ in range(steps):
+        before = dp.stats.rebuilds
+        dp.step()
+        if dp.stats.rebuilds == before:
+            seen.append(dict(dp.stats.last_collectives))
+    return seen

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from it_ranks import steady_collectives
 from it_systems import MPNN_CUTOFF, crystal, mpnn_model
 
 from nvdd.core import ValidationError, emulated_capture
@@ -227,21 +228,14 @@ def _quiet_counts(neighbors: str) -> list[dict[str, int]]:
     with DomainParallel(dyn, config, count_collectives=True) as dp:
         dp.partition(batch)
         dp.run(3)
-        seen = []
-        for _ in range(4):
-            before = dp.stats.rebuilds
-            dp.step()
-            if dp.stats.rebuilds == before:
-                seen.append(dict(dp.stats.last_collectives))
-    return seen
+        return steady_collectives(dp, 4)
 
 
-def test_only_the_device_edges_add_the_head_search_exchange() -> None:
-    """The head's search (a ghost exchange before the step's decision) is made
-    only when the MPNN takes its device edges under the halo: the default
-    (``"auto"`` keeps the Verlet list there) issues what it issued before."""
+def test_the_device_edges_cost_no_extra_collective() -> None:
+    """The head's search exchanges the ghost positions before the step's
+    decision and the forward reuses them: a steady step on the device edges
+    issues exactly the collectives of one on the Verlet list (the default under
+    the halo, where no head search runs)."""
     counts = {nb: run_ranks(_quiet_counts, 2, nb)[0] for nb in ("auto", "verlet", "device")}
-    assert counts["auto"] == counts["verlet"] and counts["verlet"]
-    for verlet, device in zip(counts["verlet"], counts["device"], strict=True):
-        extra = {k: device.get(k, 0) - verlet.get(k, 0) for k in set(device) | set(verlet)}
-        assert {k: v for k, v in extra.items() if v} == {"all_to_all_single": 1}, (verlet, device)
+    assert counts["auto"] == counts["verlet"] == counts["device"] != []
+    assert all(c.get("all_to_all_single", 0) > 0 for c in counts["device"])

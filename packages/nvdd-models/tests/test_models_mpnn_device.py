@@ -10,45 +10,25 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from models_testutils import DEVICES, brute_edges_batch, edge_set, jittered_lattice, make_batch
+from models_testutils import DEVICES, brute_edges_batch, edge_set
+from test_models_mpnn import _CFG as _MPNN_CFG
+from test_models_mpnn import _batch as _mpnn_batch
 
 from nvdd.core import Batch, ConfigurationError, EmulatedStepGraph, ValidationError
 from nvdd.models import MPNNConfig, ReferenceMPNN
 
-_TRICLINIC = np.array([[2.2, 0.0, 0.0], [0.5, 2.4, 0.0], [-0.3, 0.4, 2.3]])
-_CFG: dict[str, Any] = {
-    "cutoff": 2.6,
-    "species": (1, 6, 8),
-    "hidden": 8,
-    "n_basis": 6,
-    "n_layers": 2,
-    "seed": 3,
-    "skin": 0.3,
-}
+_CFG: dict[str, Any] = {**_MPNN_CFG.__dict__, "skin": 0.3}
 _KEYS = ("energy", "forces", "atom_energies", "virial", "stress")
-
-
-def _system(kind: str, seed: int, dtype: torch.dtype) -> Batch:
-    cells = {
-        "periodic": (_TRICLINIC, [True, True, True], (2, 2, 2)),  # cell < 2 cutoffs: self-images
-        "mixed": (_TRICLINIC * 1.3, [True, False, True], (2, 3, 2)),
-        "open": (np.eye(3) * 3.0, [False, False, False], (2, 2, 3)),
-    }
-    cell, pbc, grid = cells[kind]
-    pos = jittered_lattice(grid, cell, 0.15, seed)
-    z = np.random.default_rng(seed).choice([1, 6, 8], size=len(pos)).tolist()
-    return make_batch(pos, cell, pbc, z, dtype)
 
 
 def _batch(kind: str, seed: int = 0, dtype: torch.dtype = torch.float64) -> Batch:
     if kind == "two systems":
-        first, second = _system("periodic", seed, dtype), _system("mixed", seed, dtype)
+        first, second = _mpnn_batch("periodic", seed, dtype), _mpnn_batch("mixed", seed, dtype)
         second = second.replace(atom_ids=second.atom_ids + first.n_atoms)
         return Batch.concatenate([first, second])
-    return _system(kind, seed, dtype)
+    return _mpnn_batch(kind, seed, dtype)
 
 
 def _model(neighbors: str, dtype: torch.dtype = torch.float64, **kw: Any) -> ReferenceMPNN:

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nvdd.dynamics._collectives import MeshReducer
-from nvdd.spec import MLIPSpec, OutputKind, Reduce
+from nvdd.spec import ForceStrategy, MLIPSpec, OutputKind, Reduce
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from nvdd.halo import HaloPlan
 
-__all__ = ["PendingTotals", "UndeclaredOutputWarning", "consolidate"]
+__all__ = ["PendingTotals", "UndeclaredOutputWarning", "consolidate", "folds_forces"]
 
 
 class UndeclaredOutputWarning(UserWarning):
@@ -41,6 +41,19 @@ class UndeclaredOutputWarning(UserWarning):
 
 
 _WARNED: set[tuple[str, str]] = set()
+
+
+def folds_forces(spec: MLIPSpec) -> bool:
+    """Whether ghost-row forces are folded into their owners under ``spec``.
+
+    Autograd forces are derivatives with respect to every padded row, so the
+    ghost rows' share always belongs to their owners; direct forces follow the
+    ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
+    exact, ghost rows are dropped).
+    """
+    if spec.force_strategy is ForceStrategy.AUTOGRAD:
+        return True
+    return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
 
 
 def _fold(x: torch.Tensor, plan: HaloPlan) -> torch.Tensor:

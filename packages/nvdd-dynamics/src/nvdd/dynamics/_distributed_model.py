@@ -33,23 +33,27 @@ from nvdd.core import (
     TensorMemo,
     ValidationError,
     after_replay,
-    all_reduce,
     capturing,
-    comm_device,
     count_collectives,
     get_rank,
-    get_world_size,
     raise_if_any_rank,
     skin_exceeded,
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import PendingTotals, consolidate
-from nvdd.dynamics._finite import MAX_COORDINATE, LazyFiniteCheck, nonfinite_flag
+from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
+from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
+from nvdd.dynamics._step_decision import (
+    MODEL_GROWS,
+    REBUILD,
+    STEADY,
+    decision_code,
+    read_decision,
+)
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.partition import ShardedBatch, SpatialPartitioner
 from nvdd.shardtensor import DDContext, dd_scope
-from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, Reduce, StrategyKind
+from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, StrategyKind
 
 if TYPE_CHECKING:
     from nvdd.partition import IndexShardedBatch
@@ -196,6 +200,10 @@ class DistributedModel:
         # a split step (StepGraphs): the rebuild code queued by begin_step, and
         # the decision take_verdict read from it for the next call
         self._code: torch.Tensor | None = None
+        # (plan version, padded positions) exchanged by _begin_model_step: the
+        # forwards of that plan reuse them instead of exchanging again (every
+        # step of a model that splits its steps begins with that search)
+        self._head_padded: tuple[int, torch.Tensor] | None = None
         self._decided: bool | None = None
 
     # ---------------------------------------------------------------- scope
@@ -435,8 +443,8 @@ class DistributedModel:
         with dd_scope(self._context(plan, None)):  # (the same answer on every rank)
             if not getattr(self.model, "splits_step", False):
                 return None
-        owned = batch.positions.detach()
-        padded = torch.cat([owned, plan.ghost_positions(owned, batch.cell).detach()])
+        padded = self._padded_positions(plan, batch)
+        self._head_padded = (self._version, padded)
         padded_batch = static.replace(positions=padded, cell=batch.cell)
         with dd_scope(self._context(plan, padded)):
             begin(padded_batch)
@@ -454,10 +462,10 @@ class DistributedModel:
         if self._code is None:
             raise CaptureError("DistributedModel.take_verdict before begin_step")
         verdict = self._read_code(self._code, batch)
-        self._decided = verdict == _REBUILD
-        if verdict == _MODEL_GROWS:  # some rank's model buffers overflowed: it grows,
+        self._decided = verdict == REBUILD
+        if verdict == MODEL_GROWS:  # some rank's model buffers overflowed: it grows,
             self.model.take_verdict(batch)  # (a local read) and this step runs eagerly
-        return verdict == _STEADY
+        return verdict == STEADY
 
     def _replayed_halo(self, version: int, partials: dict[str, torch.Tensor]) -> bool:
         """After a replay of a halo call: count it and make its per-system
@@ -489,14 +497,10 @@ class DistributedModel:
         force. **Collective** over the mesh (one all-reduce of a flag; only on
         failure a gather of the messages). Also reads every flag queued by a
         one-rank step (:class:`LazyFiniteCheck`)."""
-        batch = self.sharded.local_batch
+        batch, group = self.sharded.local_batch, self.sharded.group
         self._finite.poll(block=True)
-        flag = nonfinite_flag(batch).reshape(1)
-        if get_world_size(self.sharded.group) > 1:
-            flag = flag.to(comm_device(self.sharded.group))
-            all_reduce(flag, "max", self.sharded.group)
-        if int(flag.item()):
-            raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)
+        still = torch.zeros((), dtype=torch.int32, device=batch.positions.device)
+        read_decision(decision_code(still, None, batch, group), batch, group)
 
     def _skin_used_up(self, batch: Batch) -> bool:
         """Whether any rank must migrate and rebuild its plan (Verlet criterion).
@@ -506,23 +510,19 @@ class DistributedModel:
         the collectives of a replayed one), then one host read.
         """
         verdict = self._read_code(self._verdict_code(batch, self._begin_model_step(batch)), batch)
-        if verdict == _MODEL_GROWS:
+        if verdict == MODEL_GROWS:
             self.model.take_verdict(batch)  # the overflowing rank grows (a local read)
-        return verdict == _REBUILD
+        return verdict == REBUILD
 
     def _verdict_code(self, batch: Batch, model_flag: torch.Tensor | None = None) -> torch.Tensor:
-        """The rebuild decision as a device integer, reduced over ranks (no host read).
+        """The step's decision as a device integer, reduced over ranks (no host
+        read; the codes of ``_step_decision``): ``REBUILD`` when some owned atom
+        moved more than half the skin left since the last build (the cell's
+        strain eats into it; always with ``skin == 0``), ``MODEL_GROWS`` when
+        ``model_flag`` is set on some rank, ``NONFINITE`` when some rank holds a
+        non-finite position, velocity or force (the previous step's).
 
-        **Collective** over the mesh: ONE all-reduce (max) of one small integer
-        computed on the atoms' device, in increasing priority: ``0`` steady;
-        ``1`` (:data:`_MODEL_GROWS`): ``model_flag`` is set on some rank (its
-        model's buffers overflowed: the step runs eagerly, nothing is rebuilt);
-        ``2`` (:data:`_REBUILD`): some owned atom moved more than half the skin
-        left since the last build (the cell's strain eats into it; always with
-        ``skin == 0``); ``3`` (:data:`_NONFINITE`): some rank holds a non-finite
-        position, velocity or force (the forces of the previous step): every
-        rank then raises a :class:`~nvdd.core.ValidationError` naming the ranks
-        and atoms.
+        **Collective** over the mesh: ONE all-reduce (max) of one small integer.
         """
         pos = batch.positions.detach()
         ref, ref_cell = self._ref_positions, self._ref_cell
@@ -555,14 +555,7 @@ class DistributedModel:
                 skin=skin,
                 same_cell=same,
             ).to(torch.int32)
-        code = torch.where(moved != 0, _REBUILD, 0).to(torch.int32)
-        if model_flag is not None:
-            code = torch.maximum(code, (model_flag.reshape(()) != 0).to(torch.int32))
-        code = torch.where(nonfinite_flag(batch) == 0, code, _NONFINITE).reshape(1)
-        if get_world_size(self.sharded.group) > 1:
-            code = code.to(comm_device(self.sharded.group))
-            all_reduce(code, "max", self.sharded.group)
-        return code
+        return decision_code(moved, model_flag, batch, self.sharded.group)
 
     def _stale_partition(self) -> bool:
         """Whether the sharded batch's partitioner is not the one the plan was
@@ -571,12 +564,8 @@ class DistributedModel:
         return getattr(self.sharded, "partitioner", None) is not self._built_for
 
     def _read_code(self, code: torch.Tensor, batch: Batch) -> int:
-        """The host read of :meth:`_verdict_code` (raises on every rank for
-        :data:`_NONFINITE`)."""
-        verdict = int(code.item())
-        if verdict == _NONFINITE:
-            raise_if_any_rank(_nonfinite_message(batch), self.sharded.group)
-        return verdict
+        """The host read of :meth:`_verdict_code` (:func:`read_decision`)."""
+        return read_decision(code, batch, self.sharded.group)
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
@@ -687,9 +676,14 @@ class DistributedModel:
         plan, static = self.plan, self._static
         assert static is not None
         autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
-        owned = local.positions.detach()
-        ghost = plan.ghost_positions(owned, local.cell)
-        padded = torch.cat([owned, ghost.detach()])
+        # this step's head exchanged them (an eager begin, or a replay of the
+        # captured head, which rewrote the same tensor): not again here, so an
+        # eager step and a replayed one make the same exchanges
+        head = self._head_padded
+        if head is not None and head[0] == self._version:
+            padded = head[1]
+        else:
+            padded = self._padded_positions(plan, local)
         if autograd:
             padded.requires_grad_(True)
         t0 = self._timer("exchange", t0)
@@ -701,6 +695,13 @@ class DistributedModel:
             raw = dict(self.forward_fn(padded_batch))
         t0 = self._timer("model", t0)
         return self._consolidate(raw, padded, t0)
+
+    @staticmethod
+    def _padded_positions(plan: HaloPlan, batch: Batch) -> torch.Tensor:
+        """``[owned | ghost]`` positions, detached. **Collective**: one forward
+        exchange of the ghost positions (image shifts from ``batch.cell``)."""
+        owned = batch.positions.detach()
+        return torch.cat([owned, plan.ghost_positions(owned, batch.cell).detach()])
 
     def _consolidate(
         self, raw: dict[str, Any], padded: torch.Tensor, t0: float, spec: MLIPSpec | None = None
@@ -723,7 +724,7 @@ class DistributedModel:
                 f"{tuple(padded.shape)}"
             )
         f_padded = f_padded.detach()
-        if _folds_forces(spec):
+        if folds_forces(spec):
             forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
         else:  # the spec says owned rows are already exact: ghost rows are dropped
             forces = f_padded[: plan.n_owned]
@@ -751,10 +752,6 @@ class DistributedModel:
         return self.pending.materialize(names)
 
 
-#: The step decision's codes (:meth:`DistributedModel._verdict_code`), in priority order.
-_STEADY, _MODEL_GROWS, _REBUILD, _NONFINITE = 0, 1, 2, 3
-
-
 def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:
     """Raise :class:`ConfigurationError` unless ``cls``, ``strategy`` and ``spec`` agree."""
     runs: StrategyKind = getattr(cls, "strategy", StrategyKind.HALO)
@@ -772,44 +769,6 @@ def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:
             "under the other; ask the model for distribution_spec(config.strategy) or set the "
             "strategy the spec was written for"
         )
-
-
-def _folds_forces(spec: MLIPSpec) -> bool:
-    """Whether ghost-row forces are folded into their owners under ``spec``.
-
-    Autograd forces are derivatives with respect to every padded row, so the
-    ghost rows' share always belongs to their owners; direct forces follow the
-    ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
-    exact, ghost rows are dropped).
-    """
-    if spec.force_strategy is ForceStrategy.AUTOGRAD:
-        return True
-    return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
-
-
-def _nonfinite_message(batch: Batch) -> str | None:
-    """What is not finite on this rank (field, first atom id, value), or None."""
-    far = ~(batch.positions.detach().abs() < MAX_COORDINATE).all(dim=1) & torch.isfinite(
-        batch.positions
-    ).all(dim=1)
-    if bool(far.any()):
-        row = int(far.nonzero()[0, 0])
-        return (
-            f"{int(far.sum())} of {batch.n_atoms} owned atoms lie beyond {MAX_COORDINATE:g} A "
-            f"from the origin (first: atom id {int(batch.atom_ids[row])}, position "
-            f"{batch.positions[row].tolist()}): the run blew up"
-        )
-    for name in ("positions", "velocities", "forces"):
-        t = getattr(batch, name)
-        bad = ~torch.isfinite(t).all(dim=1)
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            return (
-                f"{int(bad.sum())} of {batch.n_atoms} owned atoms have non-finite {name} "
-                f"(first: atom id {int(batch.atom_ids[row])}, {name} {t[row].tolist()}); "
-                "the time step may be too large or the model diverged"
-            )
-    return None
 
 
 def _device_problem(model: Any, device: torch.device) -> str | None:

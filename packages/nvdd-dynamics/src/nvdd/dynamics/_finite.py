@@ -19,7 +19,7 @@ import torch
 
 from nvdd.core import Batch
 
-__all__ = ["MAX_COORDINATE", "LazyFiniteCheck", "nonfinite_flag"]
+__all__ = ["MAX_COORDINATE", "LazyFiniteCheck", "nonfinite_flag", "nonfinite_message"]
 
 #: Positions beyond this many Angstrom from the origin count as a blown-up run:
 #: neighbour searches misbehave there (vesin 0.6 dies with SIGFPE on an open
@@ -36,6 +36,32 @@ def nonfinite_flag(batch: Batch) -> torch.Tensor:
     for t in (batch.velocities, batch.forces):
         finite = finite & torch.isfinite(t).all()
     return (~finite).to(torch.int32)
+
+
+def nonfinite_message(batch: Batch) -> str | None:
+    """What is not finite on this rank (field, first atom id, value), or None
+    (host reads: for the error path, after :func:`nonfinite_flag` was set)."""
+    far = ~(batch.positions.detach().abs() < MAX_COORDINATE).all(dim=1) & torch.isfinite(
+        batch.positions
+    ).all(dim=1)
+    if bool(far.any()):
+        row = int(far.nonzero()[0, 0])
+        return (
+            f"{int(far.sum())} of {batch.n_atoms} owned atoms lie beyond {MAX_COORDINATE:g} A "
+            f"from the origin (first: atom id {int(batch.atom_ids[row])}, position "
+            f"{batch.positions[row].tolist()}): the run blew up"
+        )
+    for name in ("positions", "velocities", "forces"):
+        t = getattr(batch, name)
+        bad = ~torch.isfinite(t).all(dim=1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            return (
+                f"{int(bad.sum())} of {batch.n_atoms} owned atoms have non-finite {name} "
+                f"(first: atom id {int(batch.atom_ids[row])}, {name} {t[row].tolist()}); "
+                "the time step may be too large or the model diverged"
+            )
+    return None
 
 
 class LazyFiniteCheck:

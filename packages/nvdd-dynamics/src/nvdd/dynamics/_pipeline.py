@@ -29,8 +29,8 @@ import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import consolidate
-from nvdd.dynamics._distributed_model import DistributedModel, _folds_forces
+from nvdd.dynamics._consolidate import consolidate, folds_forces
+from nvdd.dynamics._distributed_model import DistributedModel
 from nvdd.shardtensor import dd_scope
 from nvdd.spec import ForceStrategy, MLIPSpec
 
@@ -150,7 +150,7 @@ class DistributedPipelineModel(DistributedModel):
             ):
                 raw = dict(model(batch))
             f_component = _padded_forces(model, spec, raw, leaf)
-            if _folds_forces(spec):
+            if folds_forces(spec):
                 f_padded = f_padded + f_component
             else:
                 f_owned = f_owned + f_component[:n]

@@ -17,13 +17,36 @@ from typing import Any
 
 import warp as wp
 
-__all__ = ["count_edges_kernel", "write_edges_kernel"]
+__all__ = ["count_edges_kernel", "entry_r2", "write_edges_kernel"]
 
 
 @wp.func
 def code_shift(code: wp.int32, axis: wp.int32) -> wp.int32:
     """One axis of a packed image shift (10 bits per axis, biased by 512)."""
     return ((code >> (10 * axis)) & 1023) - 512
+
+
+@wp.func
+def entry_r2(
+    positions: wp.array2d(dtype=Any),
+    cell: wp.array3d(dtype=Any),
+    s: wp.int32,
+    i: wp.int32,
+    j: wp.int32,
+    code: wp.int32,
+    periodic: wp.int32,
+):
+    """``|x_j - x_i + S @ cell[s]|**2`` of one matrix entry (``S`` from ``code``
+    when ``periodic``), in the positions' dtype: both passes call this, so they
+    agree on every entry."""
+    r2 = positions[i, 0] - positions[i, 0]
+    for k in range(3):
+        r = positions[j, k] - positions[i, k]
+        if periodic != 0:
+            for a in range(3):
+                r = r + type(r)(code_shift(code, a)) * cell[s, a, k]
+        r2 = r2 + r * r
+    return r2
 
 
 @wp.kernel(enable_backward=False)
@@ -50,16 +73,10 @@ def count_edges_kernel(
     s = wp.int32(system_index[i])
     kept = wp.int64(0)
     for c in range(n):
-        j = neighbors[c, i]
-        r2 = positions[i, 0] - positions[i, 0]
-        for k in range(3):
-            r = positions[j, k] - positions[i, k]
-            if periodic != 0:
-                code = codes[c, i]
-                for a in range(3):
-                    r = r + type(r)(code_shift(code, a)) * cell[s, a, k]
-            r2 = r2 + r * r
-        if r2 < cutoff2:
+        code = wp.int32(0)
+        if periodic != 0:
+            code = codes[c, i]
+        if entry_r2(positions, cell, s, i, neighbors[c, i], code, periodic) < cutoff2:
             kept = kept + wp.int64(1)
     within[i] = kept
 
@@ -86,25 +103,16 @@ def write_edges_kernel(
     capacity = neighbors.shape[0]
     n = wp.min(wp.max(counts[i], 0), capacity)
     s = wp.int32(system_index[i])
-    slot = ends[i]
+    slot = wp.int64(0)
     if i > 0:
         slot = ends[i - 1]
-    else:
-        slot = wp.int64(0)
     edge_cap = wp.int64(receivers.shape[0])
     for c in range(n):
         j = neighbors[c, i]
         code = wp.int32(0)
         if periodic != 0:
             code = codes[c, i]
-        r2 = positions[i, 0] - positions[i, 0]
-        for k in range(3):
-            r = positions[j, k] - positions[i, k]
-            if periodic != 0:
-                for a in range(3):
-                    r = r + type(r)(code_shift(code, a)) * cell[s, a, k]
-            r2 = r2 + r * r
-        if r2 < cutoff2:
+        if entry_r2(positions, cell, s, i, j, code, periodic) < cutoff2:
             if slot < edge_cap:
                 receivers[slot] = wp.int64(i)
                 senders[slot] = wp.int64(j)

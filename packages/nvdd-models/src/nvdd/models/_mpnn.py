@@ -553,12 +553,14 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         exchange per refresh in the backward, all over the context's group;
         every rank calls it at the same point. No communication otherwise.
         """
+        edges: EdgeList | PaddedEdges
         if n_receivers is None and self._device_path(batch):
-            return self._forward_device(batch, compute_stress, create_graph)
-        self._pending = None
-        n_receivers, rows, edges = self._edges(
-            batch, n_receivers, lambda: self._dtype_problem(batch)
-        )
+            n_receivers, rows, edges = self._device_inputs(batch)
+        else:
+            self._pending = None
+            n_receivers, rows, edges = self._edges(
+                batch, n_receivers, lambda: self._dtype_problem(batch)
+            )
         return self._outputs_by_autograd(
             batch,
             rows,
@@ -583,21 +585,13 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
 
     # ------------------------------------------------------- the device path
     def _device_path(self, batch: Batch) -> bool:
-        """Whether a call on ``batch`` takes its edges from :attr:`device_edges`
-        (``MPNNConfig.neighbors``). Under a DD layout: ``"device"`` only (not
-        ``"auto"``) and the halo's explicit images only; decided alike on every
-        rank (a rank without owned rows too), so that all issue the same
-        collectives."""
-        mode = self._config.neighbors
-        if mode == "verlet" or type(batch.positions) is not torch.Tensor:
+        """Whether a call on ``batch`` takes its edges from :attr:`device_edges`:
+        where :attr:`splits_step` allows it, with ``"device"`` always, with
+        ``"auto"`` on CUDA with a skin (plain tensors only)."""
+        if not self.splits_step or type(batch.positions) is not torch.Tensor:
             return False
-        layout = current_dd_context().layout
-        if layout is not None and not getattr(layout, "explicit_images", True):
-            return False  # (the same on every rank: the ranks' collectives must match)
-        if mode == "device":
+        if self._config.neighbors == "device":
             return True
-        if layout is not None:  # auto: every halo rebuild re-sizes and recaptures (measured
-            return False  # slower with frequent rebuilds: docs/design.md)
         return batch.positions.device.type == "cuda" and self._config.skin > 0.0
 
     def _species_problem(self, batch: Batch) -> str | None:
@@ -609,12 +603,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             self._species_seen.remember(z)
         return problem
 
-    def _forward_device(
-        self, batch: Batch, compute_stress: bool, create_graph: bool
-    ) -> ModelOutputs:
-        """:meth:`forward` on the device edges (the edges of :meth:`begin_step`
-        when it ran for this step). **Collective** under a live DD context as
-        :meth:`forward`."""
+    def _device_inputs(self, batch: Batch) -> tuple[int | None, torch.Tensor, PaddedEdges]:
+        """:meth:`_edges` for the device path: checked inputs, species rows and
+        the device edges (those of :meth:`begin_step` when it ran for this step
+        on the same topology). **Collective** under a live DD context on a new
+        halo topology, as :meth:`_edges`."""
         n_receivers, topology = prepare_rows(
             self._dd_gate,
             batch,
@@ -623,24 +616,20 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             lambda: self._species_problem(batch),
         )
         rows = self.species_rows.index_select(0, batch.atomic_numbers)
-        self.device_edges.defer_errors = n_receivers is not None  # under DD: NaN, then shared
         edges, self._pending = self._pending, None
-        if self._pending_topology != topology:
-            edges = None  # searched on the rows of another halo plan
-        if edges is None:
-            edges = self.device_edges(
-                batch.positions, batch.cell, batch.pbc, batch.system_index,
-                n_receivers=n_receivers, topology=topology,
-            )  # fmt: skip
-        return self._outputs_by_autograd(
-            batch,
-            rows,
-            edges,
-            n_receivers,
-            compute_stress=compute_stress,
-            energy_scope=energy_scope(self.distribution_spec()),
-            create_graph=create_graph,
-        )
+        if edges is None or self._pending_topology != topology:  # (another plan's rows)
+            edges = self._search(batch, n_receivers, topology)
+        return n_receivers, rows, edges
+
+    def _search(self, batch: Batch, n_receivers: int | None, topology: object) -> PaddedEdges:
+        """The device edges of ``batch``; under DD (``n_receivers`` given) a search
+        error is recorded and poisons the energies instead of raising here alone
+        (the runtime's shared finite check raises on every rank)."""
+        self.device_edges.defer_errors = n_receivers is not None
+        return self.device_edges(
+            batch.positions, batch.cell, batch.pbc, batch.system_index,
+            n_receivers=n_receivers, topology=topology,
+        )  # fmt: skip
 
     def _steady_topology(self) -> tuple[bool, int | None, object]:
         """``(steady, n_receivers, topology)`` for a call outside :meth:`forward`:
@@ -677,7 +666,11 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         under the halo the runtime then searches in the head of every step):
         when the context's calls may take the device edges. Decided by the
         configuration and the layout's kind, never by a rank's rows, so every
-        rank answers alike (the runtime's collectives depend on it)."""
+        rank answers alike (the runtime's collectives depend on it): not with
+        ``"verlet"``, not under a graph-partition layout, and under a halo
+        layout only with ``"device"`` (``"auto"`` keeps the Verlet list there:
+        every halo rebuild re-sizes and recaptures, measured slower with
+        frequent rebuilds, docs/design.md)."""
         mode = self._config.neighbors
         layout = current_dd_context().layout
         if mode == "verlet" or (
@@ -693,12 +686,8 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         self._pending = None
         steady, n_receivers, topology = self._steady_topology()
         self._pending_topology = topology
-        self.device_edges.defer_errors = n_receivers is not None
         if steady and self._device_path(batch):
-            self._pending = self.device_edges(
-                batch.positions, batch.cell, batch.pbc, batch.system_index,
-                n_receivers=n_receivers, topology=topology,
-            )  # fmt: skip
+            self._pending = self._search(batch, n_receivers, topology)
 
     def overflow_flag(self) -> torch.Tensor | None:
         """Int32 ``(1,)`` on the device: whether the edges of :meth:`begin_step`
