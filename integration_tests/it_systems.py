@@ -103,12 +103,14 @@ def mpnn_model(
 
 
 def model_for(name: str) -> tuple[torch.nn.Module, float]:
-    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``."""
+    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``; a
+    ``-device`` suffix gives the MPNN its device edges (``neighbors="device"``)."""
     if name == "mace":
         return mace_model(), MACE_R_MAX
     if name == "lj":
         return lj_model(), LJ_CUTOFF
-    return mpnn_model(int(name[-1])), MPNN_CUTOFF
+    base, _, edges = name.partition("-")
+    return mpnn_model(int(base[-1]), neighbors=edges or "auto"), MPNN_CUTOFF
 
 
 def wrapped_max_diff(

@@ -25,6 +25,8 @@ CASES = [
     (2, "cluster", "lj", "halo"),
     (2, "two", "lj", "halo"),
     (2, "periodic", "mpnn2", "halo"),
+    (2, "periodic", "mpnn3-device", "halo"),  # the device edges, a middle layer
+    (1, "two", "mpnn2-device", "halo"),  # ... on the whole batch (one rank)
     (3, "two", "mpnn2", "graph_partition"),
 ]
 
