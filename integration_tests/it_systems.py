@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from nvdd.core import Batch
@@ -102,11 +104,16 @@ def mpnn_model(
     return ReferenceMPNN(cfg, dtype=dtype)
 
 
-def model_for(name: str) -> tuple[torch.nn.Module, float]:
-    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``; a
+def model_for(
+    name: str, dtype: torch.dtype = torch.float64, device: Any = "cpu"
+) -> tuple[torch.nn.Module, float]:
+    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``,
+    ``mace-cueq`` (cuEquivariance kernels, built on ``device``: CUDA); a
     ``-device`` suffix gives the MPNN its device edges (``neighbors="device"``)."""
     if name == "mace":
         return mace_model(), MACE_R_MAX
+    if name == "mace-cueq":
+        return mace_model(dtype=dtype, device=device, cueq=True), MACE_R_MAX
     if name == "lj":
         return lj_model(), LJ_CUTOFF
     base, _, edges = name.partition("-")
@@ -143,11 +150,17 @@ def oxide(n: tuple[int, int, int] = (6, 5, 5), spacing: float = 2.0, seed: int =
     )
 
 
-def mace_model(num_interactions: int = 2, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
-    """A small random MACE (8x0e+8x1o, max_ell 2, correlation 2) for O and Si."""
+def mace_model(
+    num_interactions: int = 2,
+    dtype: torch.dtype = torch.float64,
+    device: Any = "cpu",
+    cueq: bool = False,
+) -> torch.nn.Module:
+    """A small random MACE (8x0e+8x1o, max_ell 2, correlation 2) for O and Si
+    (``cueq``: with cuEquivariance's kernels, on a CUDA ``device``)."""
     from nvdd.models import MACEConfig, MACEModel, build_mace
 
     config = MACEConfig(
         atomic_numbers=(8, 14), r_max=MACE_R_MAX, num_interactions=num_interactions, seed=1
     )
-    return MACEModel(build_mace(config, dtype=dtype), skin=0.3)
+    return MACEModel(build_mace(config, dtype=dtype), skin=0.3, device=device, cueq=cueq)

@@ -27,6 +27,7 @@ from it_systems import crystal, mace_model, model_for, oxide, wrapped_max_diff
 
 from nvdd.core import init_distributed
 from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet, trace_and_validate
+from nvdd.models._mace_deps import cueq_available
 from nvdd.spec import DistributionSpec
 
 SCENARIOS = [
@@ -39,6 +40,8 @@ SCENARIOS = [
     ("mpnn3-triclinic", "triclinic", "mpnn3", 20, 1.0, (18, 36)),
     ("mace-oxide", "oxide", "mace", 10, 0.5, (8, 14)),
 ]
+# MACE with cuEquivariance's kernels, where cuequivariance and its CUDA ops import
+CUEQ_SCENARIO = ("mace-cueq-oxide", "oxide", "mace-cueq", 10, 0.5, (8, 14))
 
 
 def _run(
@@ -50,8 +53,9 @@ def _run(
     device: torch.device,
     decomposed: bool,
     dtype: torch.dtype = torch.float64,
+    halo: bool = False,
 ):
-    model, cutoff = model_for(model_name)
+    model, cutoff = model_for(model_name, dtype=dtype, device=device)
     model = model.to(device=device, dtype=dtype)
     batch = (oxide() if kind == "oxide" else crystal(kind, species=species)).to(device, dtype)
     dyn = VelocityVerlet(model, batch, dt_fs=dt)
@@ -60,7 +64,8 @@ def _run(
         return dyn.batch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=0.5)) as dp:
+        config = DomainConfig(cutoff=cutoff, skin=0.5, halo_on_one_rank=halo)
+        with DomainParallel(dyn, config) as dp:
             dp.partition()
             dp.run(steps)
             return dp.gather(0)
@@ -81,6 +86,11 @@ def main() -> int:
         default="float64",
         help="float64: positions 1e-8 A, forces 1e-10 eV/A; float32: forces 1e-5 x max|F|",
     )
+    p.add_argument(
+        "--halo",
+        action="store_true",
+        help="on one rank, run the halo path anyway (DomainConfig.halo_on_one_rank)",
+    )
     args = p.parse_args()
     dtypes = ["float64", "float32"] if args.dtype == "both" else [args.dtype]
     env = init_distributed(backend="nccl")
@@ -89,11 +99,12 @@ def main() -> int:
         print("multigpu_suite: fewer than 2 ranks (use --allow-single to run anyway)")
         return 1
     failures = 0
-    cases = [(*sc, dt_name) for dt_name in dtypes for sc in SCENARIOS]
+    scenarios = SCENARIOS + ([CUEQ_SCENARIO] if cueq_available() else [])
+    cases = [(*sc, dt_name) for dt_name in dtypes for sc in scenarios]
     for name, kind, model_name, steps, dt, species, dt_name in cases:
         dtype = getattr(torch, dt_name)
         t0 = time.perf_counter()
-        got = _run(kind, model_name, steps, dt, species, device, True, dtype)
+        got = _run(kind, model_name, steps, dt, species, device, True, dtype, args.halo)
         elapsed = time.perf_counter() - t0
         ok = True
         if rank == 0:

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 from models_ddcases import CASES, count_exchanges, global_batch, make_model, run_steps
-from models_testutils import jittered_lattice, make_batch
+from models_testutils import ghost_layout, jittered_lattice, make_batch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import MACEConfig, MACEModel, build_mace, load_mace
 from nvdd.models._mace_deps import cueq_available, mace_module
-from nvdd.spec import SPEC_MPNN_HALO, MethodAdapter, StrategyKind
+from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
+from nvdd.spec import SPEC_MPNN_HALO, AdapterRegistry, MethodAdapter, StrategyKind
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
 
 pytest.importorskip("mace")
@@ -213,6 +214,45 @@ def test_cuequivariance_kernels_equal_e3nn(dtype: torch.dtype) -> None:
     tol = 1e-10 if dtype == torch.float64 else 1e-5 * scale
     torch.testing.assert_close(b["forces"], a["forces"], rtol=0, atol=tol)
     torch.testing.assert_close(b["energy"], a["energy"], rtol=1e-6, atol=tol)
+
+
+@pytest.mark.parametrize(
+    ("device", "cueq"),
+    [
+        ("cpu", False),
+        pytest.param(
+            "cuda",
+            True,
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not cueq_available(), reason="cuequivariance is not installed"),
+            ],
+        ),
+    ],
+    ids=["e3nn-cpu", "cueq-cuda"],
+)
+def test_on_its_own_periodic_images_equals_the_periodic_model(device: str, cueq: bool) -> None:
+    """A decomposed rank without a process group: every atom owned, the ghosts its
+    own periodic images, refreshed by the spec's adapters before each interaction.
+    Summed into their source atoms, the forces (and the energy and stress) equal
+    the e3nn model on the periodic cell: on CUDA with cuEquivariance's kernels,
+    whose modules the adapters must reach the same way."""
+    full = _sio2_like()
+    reference = MACEModel(_mace())(full)
+    model = MACEModel(_mace(), device=device, cueq=cueq)
+    assert model.uses_cueq is cueq
+    layout = ghost_layout(full, torch.arange(full.n_atoms), model.cutoff)
+    assert layout.batch.n_atoms > layout.n_owned  # ghosts exist
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :].to(device))
+    batch = layout.batch.to(device)
+    leaf = batch.positions.clone().requires_grad_(True)
+    adapters = model.distribution_spec().adapters()
+    with AdapterRegistry(adapters), dd_scope(DDContext(layout=halo, positions=leaf)):
+        out = {k: v.detach().cpu() for k, v in model(batch.replace(positions=leaf)).items()}
+    forces = torch.zeros_like(reference["forces"]).index_add(0, layout.source, out["forces"])
+    torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)
+    torch.testing.assert_close(out["stress"], reference["stress"], rtol=0, atol=ATOL)
 
 
 # ------------------------------------------------------- gloo: N ranks vs 1

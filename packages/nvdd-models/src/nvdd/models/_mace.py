@@ -19,6 +19,7 @@ A test checks the wrapper against mace-torch's own calculator.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, cast
 
 import torch
@@ -90,8 +91,8 @@ def _to_cueq(mace: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """mace-torch's own e3nn -> cuEquivariance conversion (same weights)."""
     if not cueq_available():
         raise ConfigurationError(
-            "cueq=True needs cuequivariance-torch (pip install cuequivariance-torch "
-            "cuequivariance-ops-torch-cu12)"
+            "cueq=True needs cuequivariance-torch and its CUDA ops (pip install "
+            "cuequivariance-torch cuequivariance-ops-torch-cu12, or -cu13 for CUDA 13)"
         )
     if type(mace).__name__ != "ScaleShiftMACE":
         raise config_error(
@@ -100,7 +101,11 @@ def _to_cueq(mace: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     convert = mace_module("mace.cli.convert_e3nn_cueq")
     default = torch.get_default_dtype()
     try:  # the converter sets the global default dtype; put it back
-        out: torch.nn.Module = convert.run(mace, device=device.type)
+        with warnings.catch_warnings():
+            # mace-torch rebuilds the model passing its atomic_numbers buffer to
+            # torch.tensor(): a copy-construct warning about its own code
+            warnings.filterwarnings("ignore", "To copy construct from a tensor", UserWarning)
+            out: torch.nn.Module = convert.run(mace, device=device.type)
     finally:
         torch.set_default_dtype(default)
     return out

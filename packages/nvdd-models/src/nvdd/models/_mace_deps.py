@@ -85,10 +85,17 @@ def mace_module(name: str) -> ModuleType:
 
 
 def cueq_available() -> bool:
-    """Whether cuequivariance-torch (MACE's cuEquivariance kernels) can be imported."""
+    """Whether MACE's cuEquivariance kernels can run: cuequivariance-torch and its
+    CUDA ops library (``cuequivariance_ops_torch``, from
+    ``cuequivariance-ops-torch-cu12`` / ``-cu13``) both import. Without the ops
+    library cuequivariance-torch falls back to a naive implementation that
+    mace-torch 0.3's converter cannot use, so that install counts as absent."""
     try:
-        importlib.import_module("cuequivariance_torch")
-        importlib.import_module("cuequivariance")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            importlib.import_module("cuequivariance")
+            importlib.import_module("cuequivariance_torch")
+            importlib.import_module("cuequivariance_ops_torch")
     except ImportError:
         return False
     return True
