@@ -11,7 +11,9 @@
 #        h1compile (the compiled MPNN against eager on one GPU), h1mpnntest, h1mpnn, h1mpnnhalo
 #        (the MPNN's captured steps: GPU tests; compiled vs eager on both
 #        neighbour paths, whole batch and halo forced), h1trace (what
-#        each rebuild costs a captured run, step by step),
+#        each rebuild costs a captured run, step by step), h1rebuild (the same
+#        trace, profiler ranges of forced rebuilds, every GPU test and the NCCL
+#        suite with the halo forced), h1cueq (MACE with cuEquivariance, until OOM),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -210,6 +212,29 @@ h1trace)
   step "MPNN 97,556 atoms fp32: compiled with mode=reduce-overhead vs eager, whole batch"
   timeout 240 python3 benchmarks/bench_compile.py --device cuda --model mpnn --cells 29 --dtype float32 \
     --steps 100 --warmup 60 --worlds 1 --chunks 4 --compile-mode reduce-overhead 2>&1 | quiet | tail -3
+  ;;
+h1rebuild)
+  step "LJ 1M fp32, halo forced on one GPU: 200 steps timed one by one (graphs on)"
+  timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo --cells 63 --dtype float32 \
+    --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A1 "trace ("
+  step "the same, 3 forced rebuilds as profiler ranges (host ms, device ms)"
+  timeout 150 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo --cells 63 --dtype float32 \
+    --warmup 10 --steps 10 --ranges 3 2>&1 | quiet | sed -n '/forced rebuild steps, ranges/,$p' | head -26
+  step "GPU tests, every package; then the NCCL suite at 1 rank with the halo path forced"
+  timeout 300 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short packages/nvdd-models/tests packages/nvdd-halo/tests packages/nvdd-dynamics/tests \
+    packages/nvdd-padding/tests packages/nvdd-shardtensor/tests packages/nvdd-partition/tests \
+    > "$out/gpu_tests.log" 2>&1; tail -6 "$out/gpu_tests.log"
+  timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
+    integration_tests/multigpu_suite.py --allow-single --halo --dtype both 2>&1 | grep -E "PASS|FAIL|scenarios|Error|error"
+  ;;
+h1cueq)
+  step "MACE medium with cuEquivariance, fp32 then fp64: plain vs DomainParallel on one GPU, doubling until OOM"
+  for dt in ${CUEQ_DTYPES:-float32}; do
+    timeout ${CUEQ_TIMEOUT:-280} python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --dtypes $dt --cueq on \
+      --start-cells 24 --doublings ${CUEQ_DOUBLINGS:-3} --steps 5 --warmup 2 --json "$out/cueq_$dt.json" 2>&1 | quiet \
+      | grep -v "UserWarning\|warn\|_Jd, _W3j\|torch.tensor(atomic\|^ \|^~\|^$\|Call using\|reshape\|cat = \|Traceback\|OutOfMemoryError: CUDA"
+  done
   ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"

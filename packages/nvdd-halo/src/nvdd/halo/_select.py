@@ -152,31 +152,35 @@ def check_plan_inputs(
     return None
 
 
+def _bounding_boxes(frac: torch.Tensor, system: torch.Tensor, n_sys: int) -> torch.Tensor:
+    """Per-system bounding box of the fractional coordinates, shape ``(2, n_sys, 3)``
+    (lower, upper; +inf / -inf for a system without atoms), on their device."""
+    f = frac.detach()
+    if n_sys == 1 and f.shape[0] > 0:
+        return torch.stack(torch.aminmax(f, dim=0)).reshape(2, 1, 3)
+    idx = system[:, None].expand(-1, 3)
+    bb_lo = torch.full((n_sys, 3), torch.inf, dtype=f.dtype, device=f.device)
+    bb_hi = torch.full((n_sys, 3), -torch.inf, dtype=f.dtype, device=f.device)
+    bb_lo = bb_lo.scatter_reduce(0, idx, f, "amin")
+    bb_hi = bb_hi.scatter_reduce(0, idx, f, "amax")
+    return torch.stack([bb_lo, bb_hi])
+
+
 def _candidates(
-    frac: torch.Tensor,
-    system: torch.Tensor,
+    bbox: torch.Tensor,
     elo: torch.Tensor,
     ehi: torch.Tensor,
     pbc: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ranks whose expanded box may hold an image of some owned atom.
 
-    A conservative test on the bounding box of the owned atoms of every system
+    A conservative test on ``bbox`` (float64 on the CPU, from
+    :func:`_bounding_boxes`), the bounding box of the owned atoms of every system
     (the kernels then test every atom exactly). Returns ``cand_rank`` (int64,
     ascending, shape ``(n_cand,)``) and ``cand_ok`` (bool, ``(n_systems, n_cand)``)
     on the CPU.
     """
-    n_sys = int(elo.shape[0])
-    f = frac.detach()
-    if n_sys == 1 and f.shape[0] > 0:
-        bb_lo, bb_hi = (t.reshape(1, 1, 3) for t in torch.aminmax(f, dim=0))
-    else:
-        idx = system[:, None].expand(-1, 3)
-        bb_lo = torch.full((n_sys, 3), torch.inf, dtype=f.dtype, device=f.device)
-        bb_hi = torch.full((n_sys, 3), -torch.inf, dtype=f.dtype, device=f.device)
-        bb_lo = bb_lo.scatter_reduce(0, idx, f, "amin")[:, None, :]
-        bb_hi = bb_hi.scatter_reduce(0, idx, f, "amax")[:, None, :]
-    bb_lo, bb_hi = bb_lo.to("cpu", torch.float64), bb_hi.to("cpu", torch.float64)
+    bb_lo, bb_hi = bbox[0][:, None, :], bbox[1][:, None, :]
     eps = _CANDIDATE_MARGIN
     with torch.no_grad():
         first = torch.ceil(elo - bb_hi - eps)
@@ -218,37 +222,64 @@ def select_ghosts(
     compute_fractional, count_images, fill_images = _functions(backend)
     pos = positions.detach().contiguous()
     system = system_index.contiguous()
-    inv_cell = torch.linalg.inv(cell.detach().to(torch.float64)).to(dt).contiguous()
+    cell64 = cell.detach().to(torch.float64)
+    inv_cell = torch.linalg.inv_ex(cell64).inverse.to(dt).contiguous()  # (checked inputs)
     frac, bad = compute_fractional(pos, system, inv_cell)
-    if bool(bad.any()):
+    # one copy to the host: the failure flag, max |frac|, the bounding boxes and
+    # the cell (each read alone would make a GPU stream drain)
+    n_sys = config.n_systems
+    bound_dev = frac.detach().abs().amax() if frac.numel() else frac.new_zeros(())
+    host = torch.cat(
+        [
+            bad.any().reshape(1).to(torch.float64),
+            bound_dev.reshape(1).to(torch.float64),
+            _bounding_boxes(frac, system, n_sys).to(torch.float64).reshape(-1),
+            cell64.reshape(-1),
+        ]
+    ).cpu()
+    if bool(host[0]):
         row = int((~torch.isfinite(pos)).any(dim=1).nonzero()[0, 0])
         return None, Failure.INVALID, f"positions[{row}] = {pos[row].tolist()} is not finite"
 
-    bound = float(frac.detach().abs().max()) if frac.numel() else 0.0
-    elo64, ehi64 = expanded_boxes(config, cell, rounding_margin(dt, bound))
-    cand_rank, cand_ok = _candidates(frac, system, elo64, ehi64, config.pbc)
+    bound = float(host[1])
+    bbox = host[2 : 2 + 6 * n_sys].reshape(2, n_sys, 3)
+    host_cell = host[2 + 6 * n_sys :].reshape(n_sys, 3, 3)
+    elo64, ehi64 = expanded_boxes(config, host_cell, rounding_margin(dt, bound))
+    cand_rank, cand_ok = _candidates(bbox, elo64, ehi64, config.pbc)
     n_cand, n = int(cand_rank.numel()), int(pos.shape[0])
     send_counts = torch.zeros(world, dtype=torch.int64)
     empty = torch.empty(0, _kernels.META_WIDTH, dtype=torch.int64, device=dev)
     if n_cand == 0 or n == 0:
         return Selection(empty, send_counts), Failure.NONE, None
 
+    # the kernels' small inputs in one copy to the device (values are exact in
+    # float64: small integers, and float64 boxes cast to dt alike on either side)
+    parts = (cand_rank, cand_ok, elo64, ehi64, config.pbc)
+    packed = torch.cat([t.to(torch.float64).reshape(-1) for t in parts]).to(dev)
+    pieces = torch.split(packed, [t.numel() for t in parts])
+    as_int = [
+        p.to(torch.int32).reshape(t.shape).contiguous() for p, t in zip(pieces, parts, strict=True)
+    ]
     args = (
         frac,
         system,
-        cand_rank.to(dev, torch.int32),
-        cand_ok.to(dev, torch.int32).contiguous(),
-        elo64.to(dev, dt).contiguous(),
-        ehi64.to(dev, dt).contiguous(),
-        config.pbc.to(dev, torch.int32).contiguous(),
+        as_int[0],
+        as_int[1],
+        pieces[2].to(dt).reshape(elo64.shape).contiguous(),
+        pieces[3].to(dt).reshape(ehi64.shape).contiguous(),
+        as_int[4],
     )
     counts, overflow = count_images(*args, rank)
     flat = counts.reshape(-1).to(torch.int64)
     offsets = (torch.cumsum(flat, 0) - flat).reshape(counts.shape)
-    per_cand = counts.to(torch.int64).sum(dim=1).cpu()
+    read = torch.cat(
+        [counts.to(torch.int64).sum(dim=1), overflow.to(torch.int64).reshape(-1)]
+    ).cpu()
+    per_cand = read[:n_cand]
+    overflowed = bool(read[n_cand:].any())
     total = int(per_cand.sum())
     limit = config.max_ghost_rows
-    if bool(overflow.any()) or total > _kernels._COUNT_LIMIT:
+    if overflowed or total > _kernels._COUNT_LIMIT:
         return (
             None,
             Failure.CAPACITY,

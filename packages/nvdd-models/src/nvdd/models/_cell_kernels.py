@@ -592,7 +592,10 @@ def build_kernel(
                                         bad_code = 1
                                     codes[count, i] = code
                             count = count + 1
-    wp.atomic_max(flags, F_MAX_COUNT, count)
+    # a plain read first: most rows find the running maximum already there, and a
+    # million atomics on one word serialise (a stale read only costs an atomic)
+    if count > flags[F_MAX_COUNT]:
+        wp.atomic_max(flags, F_MAX_COUNT, count)
     if bad_code != 0 or count > capacity:
         wp.atomic_add(flags, F_FALLBACK, 1)
     if bad_code != 0:

@@ -79,13 +79,26 @@ class CutTable:
         )
         return torch.stack([lo.reshape(-1, 3), hi.reshape(-1, 3)], dim=1)
 
-    def locate(self, frac: torch.Tensor) -> torch.Tensor:
+    def inner_cuts(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The internal cuts ``(c0, c1, c2)`` without the outer bounds, on ``device``
+        (what :meth:`locate` searches; pass them to it to copy them once)."""
+        return (
+            self.c0[1:-1].to(device).contiguous(),
+            self.c1[:, 1:-1].to(device).contiguous(),
+            self.c2[:, :, 1:-1].to(device).contiguous(),
+        )
+
+    def locate(
+        self, frac: torch.Tensor, inner: tuple[torch.Tensor, ...] | None = None
+    ) -> torch.Tensor:
         """The rank whose box holds each point.
 
         Parameters
         ----------
         frac:
             float64, shape ``(n, 3)``, wrapped into ``[0, 1)`` on periodic axes.
+        inner:
+            :meth:`inner_cuts` on the device of ``frac`` (default: copied here).
 
         Returns
         -------
@@ -93,17 +106,15 @@ class CutTable:
             int64, shape ``(n,)``. A point on a cut belongs to the upper box.
         """
         _, p1, p2 = self.grid
-        dev = frac.device
-        i = torch.searchsorted(
-            self.c0[1:-1].to(dev).contiguous(), frac[:, 0].contiguous(), right=True
-        )
+        c0, c1, c2 = self.inner_cuts(frac.device) if inner is None else inner
+        i = torch.searchsorted(c0, frac[:, 0].contiguous(), right=True)
         j = torch.zeros_like(i)
         k = torch.zeros_like(i)
         if p1 > 1:
-            seq = self.c1[:, 1:-1].to(dev)[i].contiguous()
+            seq = c1[i].contiguous()
             j = torch.searchsorted(seq, frac[:, 1:2].contiguous(), right=True).squeeze(1)
         if p2 > 1:
-            seq = self.c2[:, :, 1:-1].to(dev)[i, j].contiguous()
+            seq = c2[i, j].contiguous()
             k = torch.searchsorted(seq, frac[:, 2:3].contiguous(), right=True).squeeze(1)
         return (i * p1 + j) * p2 + k
 

@@ -350,21 +350,22 @@ class ShardedBatch(OwnedRows):
         local = self._local
         pos, si, cell = local.positions, local.system_index, local.cell
         bad = ~torch.isfinite(pos).all(dim=1)
-        n_bad = int(bad.sum())
-        if n_bad == 0:
-            wrapped, dest = part._destinations(pos, si, rank, h, cell)
-        else:
-            wrapped, dest = pos, torch.full_like(si, rank)
-        n_sent = int((dest != rank).sum())
-        stats = torch.cat(
-            [
-                torch.bincount(dest, minlength=world).cpu(),  # (counted where dest lives)
-                torch.tensor([n_sent, n_bad], dtype=torch.int64),
-            ]
-        )
-        total = all_reduce_sum(stats, group)
-        if int(total[world + 1]):
+        # every atom's destination, then non-finite rows kept in place: no host read
+        # before the one copy of the counts (a GPU queues the whole computation)
+        wrapped, dest = part._destinations(pos, si, rank, h, cell)
+        here = torch.full_like(si, rank)
+        dest = torch.where(bad, here, dest)
+        wrapped = torch.where(bad[:, None], pos, wrapped)
+        per_rank = torch.zeros(world, dtype=torch.int64, device=dest.device)
+        # (a scatter, not bincount: on CUDA bincount reads its input's max on the host)
+        per_rank.scatter_add_(0, dest, torch.ones_like(dest))  # counted where dest lives
+        sent = torch.zeros(world, dtype=torch.int64, device=dest.device)
+        sent[rank] = (dest != rank).sum()  # each rank's own slot: summed, all are known
+        stats = torch.cat([per_rank, sent, bad.sum().reshape(1)])
+        total = all_reduce_sum(stats, group)  # the one read of this step's migration
+        if int(total[2 * world]):
             message = None
+            n_bad = int(bad.sum())
             if n_bad:
                 row = int(bad.nonzero()[0, 0])
                 message = (
@@ -372,8 +373,9 @@ class ShardedBatch(OwnedRows):
                     f"positions (first id {int(local.atom_ids[row])}: {pos[row].tolist()})"
                 )
             raise_if_any_rank(message, group)
+        n_sent = int(total[world + rank])
         counts = tuple(int(c) for c in total[:world].tolist())
-        n_moved = int(total[world])
+        n_moved = int(total[world : 2 * world].sum())
         if n_moved:
             fields = local.atom_fields()
             fields["positions"] = wrapped

@@ -210,7 +210,8 @@ class SpatialPartitioner:
         self._boxes = torch.stack([t.boxes() for t in state.tables])
         # (domain, pbc) copied to a device and dtype once per state: a copy from
         # host memory each step would make a GPU wait for the host (domain_cell)
-        self._on_device: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, ...]] = {}
+        # (and the cut table of one system: key (device, "cuts"))
+        self._on_device: dict[tuple[torch.device, object], tuple[torch.Tensor, ...]] = {}
 
     def __getstate__(self) -> dict[str, _State]:
         """Only the state travels: the boxes are derived, and the device copies
@@ -222,13 +223,26 @@ class SpatialPartitioner:
         self._set(data["state"])
 
     def _domain_on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``(domain, pbc)`` of the state on ``device`` (domain in ``dtype``), cached."""
+        """``(domain, pbc, boxes)`` of the state on ``device`` (domain in ``dtype``,
+        boxes in float64), cached: a copy from host memory makes a GPU stream wait."""
         key = (device, dtype)
         found = self._on_device.get(key)
         if found is None:
-            found = (self._s.domain.to(device=device, dtype=dtype), self._s.pbc.to(device))
+            found = (
+                self._s.domain.to(device=device, dtype=dtype),
+                self._s.pbc.to(device),
+                self._boxes.to(device=device, dtype=torch.float64),
+            )
             self._on_device[key] = found
         return found
+
+    def _inverse_domain(self, cell: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """``inv(domain_cell(cell))`` in float64 on ``device``. The domain cell is
+        non-singular by construction, so ``inv_ex`` (no error check: no host read
+        on a GPU) gives ``inv``'s values."""
+        dc = self.domain_cell(cell).to(device, torch.float64)
+        inverse: torch.Tensor = torch.linalg.inv_ex(dc).inverse
+        return inverse
 
     @classmethod
     def _from_state(cls, state: _State) -> SpatialPartitioner:
@@ -366,7 +380,7 @@ class SpatialPartitioner:
             raise ValidationError(
                 f"cell has shape {tuple(cell.shape)}, expected ({self.n_systems}, 3, 3)"
             )
-        dom, pbc = self._domain_on(c.device, c.dtype)
+        dom, pbc, _ = self._domain_on(c.device, c.dtype)
         return torch.where(pbc.unsqueeze(-1), c, dom)
 
     def ghost_frac(self, cell: torch.Tensor | None = None) -> torch.Tensor:
@@ -418,8 +432,7 @@ class SpatialPartitioner:
         positions, si = self._inputs(positions, system_index)
         if wrap:
             return self._frac(positions, si, cell)
-        dc = self.domain_cell(cell).to(positions.device, torch.float64)
-        return fractional(positions, si, torch.linalg.inv(dc))
+        return fractional(positions, si, self._inverse_domain(cell, positions.device))
 
     def owner_of(
         self,
@@ -453,13 +466,18 @@ class SpatialPartitioner:
     def _frac(
         self, positions: torch.Tensor, si: torch.Tensor, cell: torch.Tensor | None
     ) -> torch.Tensor:
-        dc = self.domain_cell(cell).to(positions.device, torch.float64)
-        frac = fractional(positions, si, torch.linalg.inv(dc))
-        return wrap_fractional(frac, self._s.pbc.to(positions.device)[si])
+        frac = fractional(positions, si, self._inverse_domain(cell, positions.device))
+        pbc = self._domain_on(positions.device, torch.float64)[1]
+        return wrap_fractional(frac, pbc[0] if self.n_systems == 1 else pbc[si])
 
     def _locate(self, frac: torch.Tensor, si: torch.Tensor) -> torch.Tensor:
         if self.n_systems == 1:
-            return self._s.tables[0].locate(frac)
+            key = (frac.device, "cuts")
+            inner = self._on_device.get(key)
+            if inner is None:
+                inner = self._s.tables[0].inner_cuts(frac.device)
+                self._on_device[key] = inner
+            return self._s.tables[0].locate(frac, inner)
         out = torch.empty(frac.shape[0], dtype=torch.int64, device=frac.device)
         order = torch.argsort(si, stable=True)
         counts = torch.bincount(si, minlength=self.n_systems).tolist()
@@ -477,13 +495,13 @@ class SpatialPartitioner:
         cell: torch.Tensor | None,
     ) -> torch.Tensor:
         dev = frac.device
-        boxes = self._boxes.to(dev)
-        grow = (h / interplanar_spacings(self.domain_cell(cell))).to(dev)
-        periodic = self._s.pbc.to(dev)
-        if self.n_systems == 1 and bool((owner == owner[:1]).all()) and owner.numel():
-            box, grow, periodic = boxes[0, owner[0]], grow[0], periodic[0]  # broadcast
+        _, periodic, boxes = self._domain_on(dev, torch.float64)
+        # h / interplanar spacing, with the spacing's own rounding (1 / |inv[:, a]|)
+        grow = h / (1.0 / torch.linalg.vector_norm(self._inverse_domain(cell, dev), dim=1))
+        box = boxes.view(-1, 2, 3).index_select(0, si * self.world_size + owner)
+        if self.n_systems == 1:
+            grow, periodic = grow[0], periodic[0]  # broadcast
         else:
-            box = boxes.view(-1, 2, 3).index_select(0, si * self.world_size + owner)
             grow, periodic = grow[si], periodic[si]
         lo = box[..., 0, :] - grow
         hi = box[..., 1, :] + grow
@@ -493,7 +511,8 @@ class SpatialPartitioner:
             # h = 0 it cannot: wrapped points and boxes both lie in [0, 1)).
             for shift in (-1.0, 1.0):
                 inside |= periodic & (frac + shift >= lo) & (frac + shift < hi)
-        return inside.all(dim=1)
+        kept: torch.Tensor = inside.all(dim=1)
+        return kept
 
     def _destinations(
         self,
@@ -504,18 +523,16 @@ class SpatialPartitioner:
         cell: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(wrapped positions, new owner) of atoms owned by ``rank``: ``rank`` while
-        they stay inside its box grown by ``h``, else the owner of their position."""
+        they stay inside its box grown by ``h``, else the owner of their position.
+        No host read with one system (every branch is a ``torch.where``): on a GPU
+        the rebuild's migration queues its kernels without waiting."""
         wrapped = self.wrap_positions(positions, si, cell=cell)
         frac = self._frac(wrapped, si, cell)
         here = torch.full_like(si, rank)
         keep = self._keeps(frac, si, here, h, cell)
-        if h > 0 and bool(keep.any()):
+        if h > 0:
             wrapped = self._nearest_image(wrapped, frac, si, rank, keep, cell)
-        if bool(keep.all()):
-            return wrapped, here
-        dest = here.clone()
-        dest[~keep] = self._locate(frac[~keep], si[~keep])
-        return wrapped, dest
+        return wrapped, torch.where(keep, here, self._locate(frac, si))
 
     def _nearest_image(
         self,
@@ -533,14 +550,19 @@ class SpatialPartitioner:
         the halo selects ghosts around the owner's box, so its neighbours are
         there.
         """
-        box = self._boxes.to(frac)[si, rank]  # (n, 2, 3)
-        periodic = self._s.pbc.to(frac.device)[si] & keep[:, None]
-        centre = torch.where(periodic, 0.5 * (box[:, 0] + box[:, 1]), frac)
+        _, pbc, boxes = self._domain_on(frac.device, torch.float64)
+        if self.n_systems == 1:
+            box, periodic = boxes[0, rank], pbc[0] & keep[:, None]  # box broadcasts
+            centre = 0.5 * (box[0] + box[1])
+        else:
+            box, periodic = boxes[si, rank], pbc[si] & keep[:, None]  # (n, 2, 3)
+            centre = 0.5 * (box[:, 0] + box[:, 1])
         shift = torch.where(periodic, torch.round(centre - frac), torch.zeros_like(frac))
-        if not bool((shift != 0).any()):
-            return wrapped
         dom = self.domain_cell(cell).to(wrapped)
-        return wrapped + torch.einsum("na,nab->nb", shift.to(wrapped.dtype), dom[si])
+        # a zero shift adds an exact zero: atoms not moved keep their bits
+        if self.n_systems == 1:
+            return wrapped + shift.to(wrapped.dtype) @ dom[0]
+        return wrapped + torch.bmm(shift.to(wrapped.dtype).unsqueeze(1), dom[si]).squeeze(1)
 
     def check_hysteresis(self, hysteresis: float) -> float:
         """``hysteresis`` as a float if it is finite, >= 0 and below the skin (when a
@@ -600,11 +622,12 @@ class SpatialPartitioner:
         """
         positions, si = self._inputs(positions, system_index)
         dc = self.domain_cell(cell).to(positions.device, torch.float64)
-        frac = fractional(positions, si, torch.linalg.inv(dc))
+        frac = fractional(positions, si, torch.linalg.inv_ex(dc).inverse)
+        pbc = self._domain_on(positions.device, torch.float64)[1]
         if self.n_systems == 1:
-            delta = (torch.floor(frac) * self._s.pbc[0].to(positions.device)) @ dc[0]
+            delta = (torch.floor(frac) * pbc[0]) @ dc[0]
         else:
-            shift = torch.floor(frac) * self._s.pbc.to(positions.device)[si]
+            shift = torch.floor(frac) * pbc[si]
             delta = torch.bmm(shift.unsqueeze(1), dc[si]).squeeze(1)
         return positions - delta.to(positions.dtype)
 
