@@ -1,5 +1,7 @@
 """A composed model (LJ + Ewald) in DomainParallel: 4 ranks equal 1 process by atom id,
-and the NVE energy drift on 4 ranks is within 1.1x of one process's.
+and the NVE energy drift on 4 ranks is within 1.1x of one process's; D3 + PME
+with ranks that own no atom and hold no ghost row (every rank still calls the
+coordination-number refresh and the mesh all-reduce).
 
 Rock-salt NaCl (charges +1 / -1), 216 ions; the 1000-step run of the same test
 (``NVDD_LONGRANGE_STEPS=1000``) is in docs/benchmarks.md.
@@ -132,3 +134,48 @@ def test_mpnn_d3_pme_pipeline_on_3_ranks_equals_one_process() -> None:
     # positions, and ONE fold, for all three components; the MPNN's 2 refreshes per
     # layer forward and backward and D3's CN refresh and its adjoint on top.
     assert got["counts"]["all_to_all_single"] == 2 + 4 * 2 + 2, got["counts"]
+
+
+SPARSE = {
+    "model": [
+        {"kind": "d3", "functional": "pbe", "cutoff": 5.0, "cn_cutoff": 5.5},
+        {"kind": "pme", "cutoff": 5.0, "mesh": [48, 12, 12]},
+    ]
+}
+
+
+def _sparse_system() -> Any:
+    """64 ions in the first 11.3 A of an 80 A long periodic cell: on a (4, 1, 1) grid
+    rank 0 owns every ion, ranks 1 and 2 own none and hold no ghost row."""
+    b = rocksalt(2, dtype=torch.float64, temperature_k=150.0, seed=4, jitter=0.02)
+    cell = b.cell.clone()
+    cell[0, 0, 0] = 80.0
+    return b.replace(cell=cell)
+
+
+def run_sparse(n_steps: int) -> dict[str, Any]:
+    """Rank function: D3 + PME with empty ranks (the CN refresh and the mesh
+    all-reduce are collectives every rank must call, atoms or not)."""
+    dyn = VelocityVerlet(build_model(SPARSE), _sparse_system(), dt_fs=0.5)
+    with DomainParallel(dyn, DomainConfig(cutoff=5.5, skin=0.5, grid_dims=(4, 1, 1))) as dp:
+        dp.partition()
+        owned, ghosts = dp.stats.n_owned, dp.stats.n_ghost
+        dp.run(n_steps)
+        out = dp.gather(0)
+    got = {"owned": owned, "ghosts": ghosts}
+    if out is not None:
+        got.update(ids=out.atom_ids, forces=out.forces, energy=out.energy)
+    return got
+
+
+def test_ranks_without_atoms_or_ghosts_take_part_in_every_collective() -> None:
+    got = run_ranks(run_sparse, 4, 3, timeout_s=600)
+    assert [g["owned"] for g in got] == [64, 0, 0, 0]
+    assert got[1]["ghosts"] == got[2]["ghosts"] == 0 < got[3]["ghosts"]
+    dyn = VelocityVerlet(build_model(SPARSE), _sparse_system(), dt_fs=0.5)
+    dyn.run(3)
+    ref = dyn.batch
+    assert_close_by_id(
+        got[0]["ids"], got[0]["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
+    )
+    torch.testing.assert_close(got[0]["energy"], ref.energy, rtol=0, atol=1e-10)
