@@ -326,3 +326,16 @@ def test_two_gloo_ranks_sum_to_the_single_process_result() -> None:
         )
         torch.testing.assert_close(energy, reference["energy"], rtol=1e-12, atol=0)
         torch.testing.assert_close(virial, reference["virial"], rtol=1e-12, atol=1e-12)
+
+
+def test_species_check_names_the_first_bad_atom_with_one_read() -> None:
+    from nvdd.models._species import check_species, species_table
+
+    table = species_table((1, 8))
+    assert check_species(table, torch.tensor([8, 1, 1])) is None
+    assert check_species(table, torch.tensor([], dtype=torch.int64)) is None
+    # an atomic number outside the table is reported before an unknown one
+    got = check_species(table, torch.tensor([6, 1, 200, -1]))
+    assert got == "atomic_numbers[2] = 200 is outside 0..118", got
+    got = check_species(table, torch.tensor([1, 8, 6]))
+    assert got is not None and got.startswith("atomic_numbers[2] = 6 has no parameters"), got

@@ -37,11 +37,14 @@ def check_species(table: torch.Tensor, atomic_numbers: torch.Tensor) -> str | No
         return None
     z = atomic_numbers
     out_of_range = (z < 0) | (z > MAX_Z)
+    # both tests before one host read (a clamped lookup is harmless for the
+    # out-of-range rows, which are reported first)
+    unknown = table.index_select(0, z.clamp(0, MAX_Z)) < 0
+    if not bool((out_of_range | unknown).any()):
+        return None
     if bool(out_of_range.any()):
         row = int(out_of_range.nonzero()[0, 0])
         return f"atomic_numbers[{row}] = {int(z[row])} is outside 0..{MAX_Z}"
-    rows = table.index_select(0, z)
-    unknown = rows < 0
     if bool(unknown.any()):
         row = int(unknown.nonzero()[0, 0])
         known = (table >= 0).nonzero().squeeze(1).tolist()

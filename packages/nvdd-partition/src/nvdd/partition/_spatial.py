@@ -490,15 +490,20 @@ class SpatialPartitioner:
         self,
         frac: torch.Tensor,
         si: torch.Tensor,
-        owner: torch.Tensor,
+        owner: torch.Tensor | int,
         h: float,
         cell: torch.Tensor | None,
     ) -> torch.Tensor:
+        """Whether each atom lies inside its owner's box grown by ``h`` (``owner``:
+        per atom, or one rank for every atom, whose box then broadcasts)."""
         dev = frac.device
         _, periodic, boxes = self._domain_on(dev, torch.float64)
         # h / interplanar spacing, with the spacing's own rounding (1 / |inv[:, a]|)
         grow = h / (1.0 / torch.linalg.vector_norm(self._inverse_domain(cell, dev), dim=1))
-        box = boxes.view(-1, 2, 3).index_select(0, si * self.world_size + owner)
+        if self.n_systems == 1 and isinstance(owner, int):
+            box = boxes[0, owner]  # (2, 3): broadcasts, no per-atom copy
+        else:
+            box = boxes.view(-1, 2, 3).index_select(0, si * self.world_size + owner)
         if self.n_systems == 1:
             grow, periodic = grow[0], periodic[0]  # broadcast
         else:
@@ -529,7 +534,7 @@ class SpatialPartitioner:
         wrapped = self.wrap_positions(positions, si, cell=cell)
         frac = self._frac(wrapped, si, cell)
         here = torch.full_like(si, rank)
-        keep = self._keeps(frac, si, here, h, cell)
+        keep = self._keeps(frac, si, rank, h, cell)
         if h > 0:
             wrapped = self._nearest_image(wrapped, frac, si, rank, keep, cell)
         return wrapped, torch.where(keep, here, self._locate(frac, si))
