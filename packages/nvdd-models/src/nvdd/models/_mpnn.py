@@ -371,7 +371,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         if n_update == 0:  # a rank without owned rows: one dummy row receives the
             # (masked) padded edges, the results are sliced off; the refreshes
             # and reductions still run, as on every other rank
-            return self._without_owned_rows(positions, cell, rows, system_index, edges)
+            return self._without_owned_rows(positions, rows)
         core = self._core
 
         def region(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -408,16 +408,9 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
             energies = torch.cat([energies, ghost])
         return energies + self.device_edges.poison(energies.dtype)  # NaN after a search error
 
-    def _without_owned_rows(
-        self,
-        positions: torch.Tensor,
-        cell: torch.Tensor,
-        rows: torch.Tensor,
-        system_index: torch.Tensor,
-        edges: PaddedEdges,
-    ) -> torch.Tensor:
+    def _without_owned_rows(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """:meth:`_padded_atom_energies` on a rank that owns no row (its edges are
-        all padding): the same exchanges as a rank that owns some, the ghost
+        all padding, so none is read): the same exchanges as a rank that owns some, the ghost
         rows' species offsets as energies. **Collective** as that method."""
         n = int(positions.shape[0])
         # (tied to the positions, so that the backward runs each refresh's fold too)

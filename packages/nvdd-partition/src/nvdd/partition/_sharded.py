@@ -353,8 +353,7 @@ class ShardedBatch(OwnedRows):
         # every atom's destination, then non-finite rows kept in place: no host read
         # before the one copy of the counts (a GPU queues the whole computation)
         wrapped, dest = part._destinations(pos, si, rank, h, cell)
-        here = torch.full_like(si, rank)
-        dest = torch.where(bad, here, dest)
+        dest = torch.where(bad, rank, dest)
         wrapped = torch.where(bad[:, None], pos, wrapped)
         per_rank = torch.zeros(world, dtype=torch.int64, device=dest.device)
         # (a scatter, not bincount: on CUDA bincount reads its input's max on the host)

@@ -627,7 +627,7 @@ class SpatialPartitioner:
         """
         positions, si = self._inputs(positions, system_index)
         dc = self.domain_cell(cell).to(positions.device, torch.float64)
-        frac = fractional(positions, si, torch.linalg.inv_ex(dc).inverse)
+        frac = fractional(positions, si, self._inverse_domain(cell, positions.device))
         pbc = self._domain_on(positions.device, torch.float64)[1]
         if self.n_systems == 1:
             delta = (torch.floor(frac) * pbc[0]) @ dc[0]
