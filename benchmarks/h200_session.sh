@@ -14,6 +14,7 @@
 #        each rebuild costs a captured run, step by step), h1rebuild (the same
 #        trace, profiler ranges of forced rebuilds, every GPU test and the NCCL
 #        suite with the halo forced), h1cueq (MACE with cuEquivariance, until OOM),
+#        h1ens (the ensembles' integrators on one GPU: NVE, NVT-NH, NPT),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -234,6 +235,13 @@ h1cueq)
     timeout ${CUEQ_TIMEOUT:-280} python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --dtypes $dt --cueq on \
       --start-cells 24 --doublings ${CUEQ_DOUBLINGS:-3} --steps 5 --warmup 2 --json "$out/cueq_$dt.json" 2>&1 | quiet \
       | grep -v "UserWarning\|warn\|_Jd, _W3j\|torch.tensor(atomic\|^ \|^~\|^$\|Call using\|reshape\|cat = \|Traceback\|OutOfMemoryError: CUDA"
+  done
+  ;;
+h1ens)
+  step "Integrators on one GPU, fp64 LJ argon: velocity Verlet (captured), NVT-NH, NPT iso/full"
+  for c in ${ENS_CELLS:-10 32 63}; do
+    timeout 200 python3 benchmarks/bench_ensembles.py timing --device cuda --cells $c --steps ${ENS_STEPS:-200} \
+      --json "$out/ens_$c.json" 2>&1 | quiet | grep -v Warning
   done
   ;;
 x2big)

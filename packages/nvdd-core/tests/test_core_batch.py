@@ -294,6 +294,14 @@ def test_to_clone_detach_replace() -> None:
     with pytest.raises(ValidationError, match="must be floating point"):
         b.to(dtype=torch.int32)
     assert "n_atoms=6" in repr(b)
+    # a dtype first, as torch.Tensor.to takes it: ids and species stay integers
+    g = b.to(torch.float32)
+    assert g.positions.dtype == torch.float32 and g.atom_ids.dtype == torch.int64
+    assert g.atomic_numbers.dtype == torch.int64 and torch.equal(g.atom_ids, b.atom_ids)
+    with pytest.raises(ValidationError, match="two dtypes"):
+        b.to(torch.float32, torch.float64)
+    with pytest.raises(ValidationError, match="must be floating point"):
+        b.to(torch.int64)
 
 
 def test_ase_round_trip_keeps_ids_and_fields() -> None:

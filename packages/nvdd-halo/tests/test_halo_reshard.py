@@ -115,3 +115,34 @@ def test_reshard_over_nccl_keeps_every_row() -> None:
     for dst in range(2):
         expect = torch.cat([f["atom_ids"][d == dst] for f, d in sent]).tolist()
         assert out[dst] == expect
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 5])
+def test_packed_rows_of_any_width_unpack_exactly(m: int) -> None:
+    """Rows whose width is no multiple of a field's size (12 bytes: int64 + float32,
+    a float32 batch's species and mass) come back bit for bit, one row included
+    (a single row of a wider buffer is 'contiguous' with the buffer's stride,
+    which a dtype view used to reject)."""
+    from nvdd.halo._packing import pack_rows, row_layout, unpack_rows
+
+    g = torch.Generator().manual_seed(m)
+    fields = [
+        torch.randint(0, 90, (m,), generator=g, dtype=torch.int64),
+        torch.randn(m, generator=g, dtype=torch.float32),
+        torch.randn(m, 3, generator=g, dtype=torch.float64),
+        torch.rand(m, generator=g) < 0.5,
+    ]
+    for k in range(1, len(fields) + 1):
+        part = fields[:k]
+        layout = row_layout([f"f{i}" for i in range(k)], part)
+        for rows in (None, torch.arange(m - 1, -1, -1)):
+            buffer = pack_rows(part, layout, index=rows)
+            back = unpack_rows(buffer, layout)
+            for want, got in zip(part, back, strict=True):
+                want = want if rows is None else want[rows]
+                assert got.dtype == want.dtype and torch.equal(got, want)
+            for r in range(m):  # one row of the buffer alone, as a peer may send it
+                one = unpack_rows(buffer[r : r + 1], layout)
+                for want, got in zip(part, one, strict=True):
+                    want = want if rows is None else want[rows]
+                    assert torch.equal(got, want[r : r + 1])

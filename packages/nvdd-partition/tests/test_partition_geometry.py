@@ -101,3 +101,48 @@ def test_fractional_wraps_into_unit_interval_on_periodic_axes() -> None:
     frac = part.fractional(pos)
     assert bool((frac >= 0).all()) and bool((frac < 1).all())
     assert frac[0, 1] == 0.0
+
+
+@pytest.mark.parametrize("kind", ["periodic", "triclinic", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_points_at_faces_wrap_once_and_their_owner_box_holds_them(
+    kind: str, dtype: torch.dtype
+) -> None:
+    """Points on and within rounding of periodic faces (``-1e-17`` used to wrap to
+    ``L`` and be owned by the box at 0: a wrong force two ranks apart): wrapping
+    is idempotent, and each wrapped point lies in its owner's box up to the halo's
+    rounding margin."""
+    cell, pbc = cell_for(kind)
+    gen = torch.Generator().manual_seed(3)
+    part = SpatialPartitioner(
+        cell,
+        pbc,
+        8,
+        2.0,
+        grid_dims=(2, 2, 2) if kind != "mixed" else (4, 2, 1),
+        positions=positions_for(kind, 64, gen),
+    )
+    periodic = torch.tensor(pbc)
+    frac = torch.rand(300, 3, generator=gen, dtype=torch.float64) * 0.98 + 0.01
+    eps = torch.finfo(dtype).eps
+    faces = torch.tensor([0.0, 1.0, -1.0, 2.0, 0.5], dtype=torch.float64)
+    offsets = torch.tensor([0.0, -1e-17, 1e-17, -eps, eps, -4 * eps, 3 * eps], dtype=torch.float64)
+    for axis in range(3):
+        if not pbc[axis]:
+            continue
+        rows = torch.arange(axis * 100, axis * 100 + 100)
+        pick = torch.randint(0, len(faces), (100,), generator=gen)
+        off = torch.randint(0, len(offsets), (100,), generator=gen)
+        frac[rows, axis] = faces[pick] + offsets[off]
+    dom = part.domain_cell()[0]
+    pos = (frac @ dom).to(dtype)
+    wrapped = part.wrap_positions(pos)
+    assert torch.equal(part.wrap_positions(wrapped), wrapped)  # wrapping twice is once
+    owner = part.owner_of(wrapped)
+    assert torch.equal(owner, part.owner_of(pos))
+    stored = part.fractional(wrapped, wrap=False)
+    boxes = part.boxes[0].to(torch.float64)  # (world, 2, 3)
+    lo, hi = boxes[owner, 0], boxes[owner, 1]
+    tol = 64 * eps * 2  # the halo's rounding margin at |frac| <= 1
+    inside = (stored >= lo - tol) & (stored <= hi + tol)
+    assert bool(inside[:, periodic].all()), stored[~inside.all(1)][:3]

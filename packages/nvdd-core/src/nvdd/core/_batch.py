@@ -355,9 +355,17 @@ class Batch:
 
     # ------------------------------------------------------------- conversion
     def to(
-        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        device: torch.device | str | torch.dtype | None = None,
+        dtype: torch.dtype | None = None,
     ) -> Batch:
-        """A copy on ``device`` with floating fields cast to ``dtype``."""
+        """A copy on ``device`` with floating fields cast to ``dtype``; as with
+        ``torch.Tensor.to``, a dtype may come first (``batch.to(torch.float32)``:
+        integer fields such as ``atom_ids`` keep their dtype)."""
+        if isinstance(device, torch.dtype):
+            if dtype is not None:
+                raise ValidationError(f"Batch.to: two dtypes given, {device} and {dtype}")
+            device, dtype = None, device
         if dtype is not None and not dtype.is_floating_point:
             raise ValidationError(f"Batch.to: dtype must be floating point, got {dtype}")
 

@@ -16,6 +16,7 @@ the host once (one synchronisation per step); per-atom work stays on the device.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,12 @@ Array = npt.NDArray[np.float64]
 _W = 1.0 / (2.0 - 2.0 ** (1.0 / 3.0))
 #: Weights of the fourth-order Suzuki-Yoshida composition (three stages).
 SUZUKI_YOSHIDA_4 = (_W, 1.0 - 2.0 * _W, _W)
+#: The largest ``|weight| * sub-step * rate`` a chain sub-step may take, ``rate``
+#: being the chain's fastest link velocity or link-to-link coupling frequency
+#: (:meth:`NoseHooverChain.sub_steps`); above it the half step is split further.
+CHAIN_STEP_LIMIT = 1.0
+#: Default bound on the sub-steps of one chain half step.
+MAX_CHAIN_LOOPS = 4096
 
 
 def host(x: Any) -> Array:
@@ -64,16 +71,28 @@ class NoseHooverChain:
     masses:
         Shape ``(n_systems, length)``: the links' masses (eV * time**2).
     n_loops:
-        Sub-steps per call (each a Suzuki-Yoshida composition).
+        Sub-steps per call (each a Suzuki-Yoshida composition); more while the
+        chain is stiff (:meth:`sub_steps`).
+    max_loops:
+        Bound on the sub-steps of one call (ValidationError beyond it).
 
     Attributes
     ----------
     xi, p_xi:
         float64 arrays, shape ``(n_systems, length)``: positions and momenta of
         the links.
+    last_loops:
+        Sub-steps the last :meth:`propagate` took.
     """
 
-    def __init__(self, n_dof: Any, kT: float, masses: Any, n_loops: int = 1) -> None:
+    def __init__(
+        self,
+        n_dof: Any,
+        kT: float,
+        masses: Any,
+        n_loops: int = 1,
+        max_loops: int = MAX_CHAIN_LOOPS,
+    ) -> None:
         dof, q = host(n_dof), host(masses)
         if q.ndim != 2 or dof.shape != (q.shape[0],) or q.shape[1] < 1:
             raise ConfigurationError(
@@ -84,9 +103,13 @@ class NoseHooverChain:
                 f"a Nose-Hoover chain needs kT > 0 (got {kT}) and positive masses "
                 f"(got {q.tolist()})"
             )
-        if n_loops < 1:
-            raise ConfigurationError(f"n_loops must be >= 1, got {n_loops}")
+        if n_loops < 1 or max_loops < n_loops:
+            raise ConfigurationError(
+                f"need 1 <= n_loops <= max_loops, got n_loops={n_loops}, max_loops={max_loops}"
+            )
         self.n_dof, self.kT, self.masses, self.n_loops = dof, float(kT), q, int(n_loops)
+        self.max_loops = int(max_loops)
+        self.last_loops = self.n_loops
         self.xi: Array = np.zeros_like(q)
         self.p_xi: Array = np.zeros_like(q)
 
@@ -114,13 +137,67 @@ class NoseHooverChain:
             ``k2`` becomes ``k2 * factor**2``).
         """
         k2 = host(k2).copy()
+        n = self.last_loops = self.sub_steps(k2, dt)
         scale: Array = np.ones_like(k2)
-        for _ in range(self.n_loops):
-            for w in SUZUKI_YOSHIDA_4:
-                factor = self._substep(k2, w * dt / self.n_loops)
-                scale *= factor
-                k2 *= factor * factor
+        with np.errstate(over="ignore", invalid="ignore"):  # (checked below)
+            for _ in range(n):
+                for w in SUZUKI_YOSHIDA_4:
+                    factor = self._substep(k2, w * dt / n)
+                    scale *= factor
+                    k2 *= factor * factor
+        if not np.isfinite(scale).all():
+            raise ValidationError(
+                f"Nose-Hoover chain diverged (scale factors {scale.tolist()}, "
+                f"{n} sub-steps); twice the kinetic energy was {k2.tolist()}"
+            )
         return scale
+
+    def sub_steps(self, k2: Array, dt: float) -> int:
+        """Sub-steps for a chain half step of ``dt``: ``n_loops``, or more while
+        the chain is stiff (the same number on every rank: chain and ``k2`` are).
+
+        Far from the target temperature, the first link's kinetic energy is
+        extensive (``Q_1 = n_dof kT tau**2``) while the later links' masses are
+        ``kT tau**2``: a 1M-atom system started at half its target temperature
+        drives them at hundreds of times ``1/tau``, and a fixed Suzuki-Yoshida
+        step (whose middle weight is negative, so its exponentials amplify)
+        diverges within steps. ``n`` doubles from ``n_loops`` until
+        ``|w| h * rate <= CHAIN_STEP_LIMIT`` for the sub-step ``h = dt / n``,
+        where ``rate`` bounds the chain's fastest rate over the sub-step: link
+        velocities after a kick by their current forces (link by link, since
+        each drives the next), their coupling frequencies ``sqrt(2 p_j**2 /
+        (Q_j Q_{j+1}))`` and ``sqrt(2 k2 / Q_1)``. Near equilibrium that is
+        ``n_loops`` (the trajectory of a fixed-step chain, e.g. ASE's);
+        ValidationError beyond ``max_loops``.
+        """
+        w = max(abs(x) for x in SUZUKI_YOSHIDA_4)
+        n = self.n_loops
+        while n <= self.max_loops:
+            h = abs(dt) * w / n
+            if h * self._rate_bound(k2, h) <= CHAIN_STEP_LIMIT:
+                return n
+            n *= 2
+        raise ValidationError(
+            f"Nose-Hoover chain needs more than max_loops={self.max_loops} sub-steps per "
+            f"half step of {abs(dt):.3g}: twice the kinetic energy is {k2.tolist()} against "
+            f"a target of {(self.n_dof * self.kT).tolist()} (chain velocities "
+            f"{(self.p_xi / self.masses).tolist()}). A system far from the thermostat's "
+            "temperature: equilibrate first (e.g. Langevin) or use a longer tau"
+        )
+
+    def _rate_bound(self, k2: Array, h: float) -> float:
+        """An upper bound of the chain's rates over a sub-step ``h`` (see
+        :meth:`sub_steps`); inf when it overflows."""
+        p, q, kT = self.p_xi, self.masses, self.kT
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = np.abs(p / q)
+            v[:, 0] += np.abs(k2 - self.n_dof * kT) / q[:, 0] * h
+            for j in range(1, self.length):
+                v[:, j] += np.abs(q[:, j - 1] * v[:, j - 1] ** 2 - kT) / q[:, j] * h
+            rate = max(float(v.max()), float(np.sqrt(2.0 * np.abs(k2) / q[:, 0]).max()))
+            if self.length > 1:
+                rate = max(rate, float((v[:, :-1] * np.sqrt(2.0 * q[:, :-1] / q[:, 1:])).max()))
+        return rate if math.isfinite(rate) else math.inf
 
     def _kick(self, j: int, k2: Array, d: float) -> None:
         p, q = self.p_xi, self.masses

@@ -145,7 +145,18 @@ def unpack_rows(
         buffer = buffer.to(device)
     out = []
     for f in layout.fields:
-        cols = buffer[:, f.offset : f.offset + f.nbytes]
-        t = cols.contiguous().view(f.dtype) if f.nbytes else cols.new_empty((m, 0), dtype=f.dtype)
-        out.append(t.reshape(m, *f.trailing))
+        out.append(_field(buffer[:, f.offset : f.offset + f.nbytes], f, m))
     return out
+
+
+def _field(cols: torch.Tensor, f: FieldLayout, m: int) -> torch.Tensor:
+    """The bytes ``cols`` (``(m, f.nbytes)``) as field ``f``. A dtype view needs
+    dense rows at an aligned offset; one row of a wider buffer is neither
+    (12-byte rows of a float32 batch: its stride is the buffer's, its offset
+    may be 12), so such bytes are copied first."""
+    if not f.nbytes:
+        return cols.new_empty((m, *f.trailing), dtype=f.dtype)
+    flat = cols.reshape(-1)  # (a copy unless the rows are dense)
+    if flat.storage_offset() % f.dtype.itemsize:
+        flat = flat.clone()
+    return flat.view(f.dtype).reshape(m, *f.trailing)

@@ -12,8 +12,11 @@ from nvdd.core import ValidationError
 
 __all__ = [
     "build_domain_cell",
+    "face_tolerance",
     "fractional",
     "interplanar_spacings",
+    "lattice_shifts",
+    "owner_fractional",
     "wrap_fractional",
 ]
 
@@ -187,3 +190,36 @@ def build_domain_cell(
         chosen.append(rows[a])
         synthetic[a] = True
     return torch.stack([rows[a] for a in range(3)]), synthetic
+
+
+def face_tolerance(dtype: torch.dtype) -> float:
+    """How far (fractional) a stored position may sit outside ``[0, 1)`` through
+    rounding alone: ``16 eps(dtype)``, below the halo's rounding margin
+    (``64 eps (1 + |frac|)``), so a position within it still finds its ghosts."""
+    return 16.0 * torch.finfo(dtype).eps
+
+
+def lattice_shifts(frac: torch.Tensor, periodic: torch.Tensor, tol: float) -> torch.Tensor:
+    """The lattice vectors (fractional counts, float64) that wrap each position:
+    ``floor(frac)`` on periodic axes, except 0 for ``-tol <= frac < 0``.
+
+    A point below the lower face by no more than rounding stays where it is:
+    moved up by a period it would round onto the upper face (``-1e-17 + L ==
+    L``), which the next wrap moves back to 0, and until then its stored
+    position and its owner's box would be a cell apart (a wrong force, not an
+    error). A point on or above the upper face moves down (``L - L == 0``
+    exactly). So wrapping is idempotent, and :func:`owner_fractional` of its
+    result names the box that holds it.
+    """
+    shift = torch.floor(frac)
+    near = (frac < 0.0) & (frac >= -tol)
+    return torch.where(periodic & ~near, shift, torch.zeros_like(shift))
+
+
+def owner_fractional(frac: torch.Tensor, periodic: torch.Tensor) -> torch.Tensor:
+    """Fractional coordinates of *wrapped* positions as the owner lookup reads
+    them: clamped into ``[0, 1)`` on periodic axes (a position within rounding
+    outside a face belongs to the box on its own side, see :func:`lattice_shifts`);
+    open axes unchanged."""
+    below_one = 1.0 - torch.finfo(torch.float64).eps / 2.0
+    return torch.where(periodic, frac.clamp(0.0, below_one), frac)

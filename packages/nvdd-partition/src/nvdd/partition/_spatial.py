@@ -34,8 +34,11 @@ from nvdd.partition._cuts import CutTable, explicit_table
 from nvdd.partition._degenerate import coverage_reasons, empty_rank_reasons
 from nvdd.partition._geometry import (
     build_domain_cell,
+    face_tolerance,
     fractional,
     interplanar_spacings,
+    lattice_shifts,
+    owner_fractional,
     wrap_fractional,
 )
 
@@ -464,11 +467,21 @@ class SpatialPartitioner:
         return self._locate(self._frac(positions, si, cell), si)
 
     def _frac(
-        self, positions: torch.Tensor, si: torch.Tensor, cell: torch.Tensor | None
+        self,
+        positions: torch.Tensor,
+        si: torch.Tensor,
+        cell: torch.Tensor | None,
+        *,
+        wrapped: bool = False,
     ) -> torch.Tensor:
+        """Fractional coordinates of the positions as :meth:`wrap_positions` stores
+        them (``wrapped``: they already are), in ``[0, 1)`` on periodic axes: the
+        owner's box is the one that holds the stored position."""
+        if not wrapped:
+            positions = self.wrap_positions(positions, si, cell=cell)
         frac = fractional(positions, si, self._inverse_domain(cell, positions.device))
         pbc = self._domain_on(positions.device, torch.float64)[1]
-        return wrap_fractional(frac, pbc[0] if self.n_systems == 1 else pbc[si])
+        return owner_fractional(frac, pbc[0] if self.n_systems == 1 else pbc[si])
 
     def _locate(self, frac: torch.Tensor, si: torch.Tensor) -> torch.Tensor:
         if self.n_systems == 1:
@@ -532,7 +545,7 @@ class SpatialPartitioner:
         No host read with one system (every branch is a ``torch.where``): on a GPU
         the rebuild's migration queues its kernels without waiting."""
         wrapped = self.wrap_positions(positions, si, cell=cell)
-        frac = self._frac(wrapped, si, cell)
+        frac = self._frac(wrapped, si, cell, wrapped=True)
         here = torch.full_like(si, rank)
         keep = self._keeps(frac, si, rank, h, cell)
         if h > 0:
@@ -623,18 +636,26 @@ class SpatialPartitioner:
     ) -> torch.Tensor:
         """Positions moved by lattice vectors into the cell on periodic axes.
 
-        Same dtype and device; an atom already inside is returned bit for bit.
+        Same dtype and device; an atom already inside, or below a lower face by
+        no more than rounding, is returned bit for bit. Two passes of
+        ``geometry.lattice_shifts``: a move can round onto the upper face
+        (``frac = 2 - 1e-16`` lands on 1), which the second pass takes to 0; so
+        wrapping twice is wrapping once.
         """
         positions, si = self._inputs(positions, system_index)
         dc = self.domain_cell(cell).to(positions.device, torch.float64)
-        frac = fractional(positions, si, self._inverse_domain(cell, positions.device))
+        inv = self._inverse_domain(cell, positions.device)
         pbc = self._domain_on(positions.device, torch.float64)[1]
-        if self.n_systems == 1:
-            delta = (torch.floor(frac) * pbc[0]) @ dc[0]
-        else:
-            shift = torch.floor(frac) * pbc[si]
-            delta = torch.bmm(shift.unsqueeze(1), dc[si]).squeeze(1)
-        return positions - delta.to(positions.dtype)
+        periodic = pbc[0] if self.n_systems == 1 else pbc[si]
+        tol = face_tolerance(positions.dtype)
+        for _ in range(2):
+            shift = lattice_shifts(fractional(positions, si, inv), periodic, tol)
+            if self.n_systems == 1:
+                delta = shift @ dc[0]
+            else:
+                delta = torch.bmm(shift.unsqueeze(1), dc[si]).squeeze(1)
+            positions = positions - delta.to(positions.dtype)
+        return positions
 
     # ------------------------------------------------------------- reporting
     def owned_counts(
