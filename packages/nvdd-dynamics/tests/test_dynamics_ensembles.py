@@ -157,6 +157,26 @@ def test_a_chain_far_from_equilibrium_on_a_million_atoms_takes_smaller_steps() -
     assert calm.last_loops == 2
 
 
+def test_the_scalar_chain_sweep_follows_the_array_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to ``SCALAR_SYSTEMS`` systems the sweep runs on Python floats: the same
+    chain as the NumPy sweep of many systems (to the last bits of ``exp``)."""
+    import nvdd.dynamics._nose_hoover as nh
+
+    def run() -> tuple[np.ndarray, np.ndarray]:
+        chain = NoseHooverChain(np.array([30.0, 90.0]), 0.01, [[3.0, 0.1, 0.1], [9.0, 0.1, 0.1]])
+        chain.p_xi = np.array([[0.3, -0.02, 0.01], [-0.5, 0.03, 0.0]])
+        k2 = np.array([0.9, 0.4])
+        for _ in range(200):
+            k2 = k2 * chain.propagate(k2, 0.1) ** 2
+        return k2, np.concatenate([chain.p_xi, chain.xi], 1)
+
+    scalar = run()
+    monkeypatch.setattr(nh, "SCALAR_SYSTEMS", 0)
+    arrays = run()
+    for a, b in zip(scalar, arrays, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("kind", ["nvt", "npt-full"])
 def test_conserved_energy_drift_is_second_order(kind: str) -> None:
     """Halving the time step divides the extended-energy error by about four."""

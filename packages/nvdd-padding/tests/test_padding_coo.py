@@ -100,8 +100,11 @@ def test_toy_model_padded_equals_unpadded(device: str, float_dtype: torch.dtype)
         torch.testing.assert_close(padded.real_atoms(e_pad), e_ref, **tol)
         torch.testing.assert_close(f_pad, f_ref, **tol)
     assert bool(torch.isfinite(e_pad).all())
+    # (float32 on CUDA: per-atom energies in another order of atomic additions
+    # sum to a total that differs in its last bits; it failed once at 1.1e-7)
+    rtol = 1e-6 if device != "cpu" and float_dtype == torch.float32 else 1e-14
     torch.testing.assert_close(
-        total_energy(e_pad, padded.atom_mask), total_energy(e_ref), rtol=1e-14, atol=0
+        total_energy(e_pad, padded.atom_mask), total_energy(e_ref), rtol=rtol, atol=0
     )
 
 

@@ -44,6 +44,8 @@ SUZUKI_YOSHIDA_4 = (_W, 1.0 - 2.0 * _W, _W)
 CHAIN_STEP_LIMIT = 1.0
 #: Default bound on the sub-steps of one chain half step.
 MAX_CHAIN_LOOPS = 4096
+#: Up to this many systems a chain sweep runs on Python floats, system by system.
+SCALAR_SYSTEMS = 4
 
 
 def host(x: Any) -> Array:
@@ -139,12 +141,16 @@ class NoseHooverChain:
         k2 = host(k2).copy()
         n = self.last_loops = self.sub_steps(k2, dt)
         scale: Array = np.ones_like(k2)
-        with np.errstate(over="ignore", invalid="ignore"):  # (checked below)
-            for _ in range(n):
-                for w in SUZUKI_YOSHIDA_4:
-                    factor = self._substep(k2, w * dt / n)
-                    scale *= factor
-                    k2 *= factor * factor
+        if k2.shape[0] <= SCALAR_SYSTEMS:
+            for s in range(k2.shape[0]):
+                scale[s], k2[s] = self._sweep_one(s, float(k2[s]), dt, n)
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # (checked below)
+                for _ in range(n):
+                    for w in SUZUKI_YOSHIDA_4:
+                        factor = self._substep(k2, w * dt / n)
+                        scale *= factor
+                        k2 *= factor * factor
         if not np.isfinite(scale).all():
             raise ValidationError(
                 f"Nose-Hoover chain diverged (scale factors {scale.tolist()}, "
@@ -198,6 +204,42 @@ class NoseHooverChain:
             if self.length > 1:
                 rate = max(rate, float((v[:, :-1] * np.sqrt(2.0 * q[:, :-1] / q[:, 1:])).max()))
         return rate if math.isfinite(rate) else math.inf
+
+    def _sweep_one(self, s: int, k2: float, dt: float, n: int) -> tuple[float, float]:
+        """:meth:`propagate` of system ``s`` on Python floats (the same operations
+        in the same order as :meth:`_substep`, without NumPy's per-call cost on
+        arrays of a few numbers: about 10x faster for one system); returns the
+        scale factor and the new ``k2`` (NaN when the chain overflowed)."""
+        p, q, xi = self.p_xi[s].tolist(), self.masses[s].tolist(), self.xi[s].tolist()
+        target, kT, last, exp = float(self.n_dof[s] * self.kT), self.kT, len(p) - 1, math.exp
+
+        def kick(j: int, k2: float, d: float) -> None:
+            force = k2 - target if j == 0 else p[j - 1] * p[j - 1] / q[j - 1] - kT
+            if j < last:
+                damp = exp(-0.25 * d * p[j + 1] / q[j + 1])
+                p[j] = (p[j] * damp + 0.5 * d * force) * damp
+            else:
+                p[j] += 0.5 * d * force
+
+        scale = 1.0
+        try:
+            for _ in range(n):
+                for w in SUZUKI_YOSHIDA_4:
+                    d = w * dt / n
+                    for j in range(last, -1, -1):
+                        kick(j, k2, d)
+                    for j in range(last + 1):
+                        xi[j] += d * p[j] / q[j]
+                    factor = exp(-d * p[0] / q[0])
+                    moved = k2 * factor * factor
+                    for j in range(last + 1):
+                        kick(j, moved, d)
+                    scale *= factor
+                    k2 *= factor * factor
+        except OverflowError:  # (math.exp raises where np.exp returns inf)
+            scale = math.nan
+        self.p_xi[s], self.xi[s] = p, xi
+        return scale, k2
 
     def _kick(self, j: int, k2: Array, d: float) -> None:
         p, q = self.p_xi, self.masses
