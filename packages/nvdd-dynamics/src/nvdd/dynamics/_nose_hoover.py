@@ -73,8 +73,8 @@ class NoseHooverChain:
     masses:
         Shape ``(n_systems, length)``: the links' masses (eV * time**2).
     n_loops:
-        Sub-steps per call (each a Suzuki-Yoshida composition); more while the
-        chain is stiff (:meth:`sub_steps`).
+        Sub-steps per call (each a Suzuki-Yoshida composition); more for a chain
+        of many degrees of freedom (:meth:`sub_steps`).
     max_loops:
         Bound on the sub-steps of one call (ValidationError beyond it).
 
@@ -199,7 +199,8 @@ class NoseHooverChain:
     def _sweep_one(self, s: int, k2: float, dt: float, n: int) -> tuple[float, float]:
         """:meth:`propagate` of system ``s`` on Python floats (the same operations
         in the same order as :meth:`_substep`, without NumPy's per-call cost on
-        arrays of a few numbers: about 10x faster for one system); returns the
+        arrays of a few numbers: the chain's share of an NVT-NH step on 4,000
+        atoms on a CPU fell from 1.33 to 0.48 ms); returns the
         scale factor and the new ``k2`` (NaN when the chain overflowed)."""
         p, q, xi = self.p_xi[s].tolist(), self.masses[s].tolist(), self.xi[s].tolist()
         target, kT, last, exp = float(self.n_dof[s] * self.kT), self.kT, len(p) - 1, math.exp
