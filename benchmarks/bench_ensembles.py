@@ -16,8 +16,9 @@ Three modes (LJ argon, cutoff 6 A, the systems of integration_tests/it_ensembles
         python benchmarks/bench_ensembles.py pressure --cells 4 --steps 6000 --equil 2000
 
 ``timing``
-    ms/step of the single-process integrators (velocity Verlet, NVT-NH, NPT
-    isotropic, NPT full) on one device: the integrators' own cost::
+    ms/step of the single-process integrators (velocity Verlet, NVT-NH with and
+    without CUDA graphs, NPT isotropic, NPT full) on one device: the
+    integrators' own cost::
 
         python benchmarks/bench_ensembles.py timing --device cuda --cells 20 --steps 200
 """
@@ -120,13 +121,15 @@ def timing_mode(args: argparse.Namespace) -> dict[str, Any]:
 
     dev = torch.device(args.device)
     out: dict[str, Any] = {}
-    for kind in ("nve", "nvt-nh", "npt-iso", "npt-full"):
+    for kind in ("nve", "nvt-nh", "nvt-nh-eager", "npt-iso", "npt-full"):
         batch = argon_box(args.cells, dtype=torch.float64, temperature_K=90.0, seed=0).to(dev)
         model = lj_model().to(dev)
         if kind == "nve":
             dyn: Any = VelocityVerlet(model, batch, dt_fs=4.0)
         else:
-            dyn = integrator(kind, batch, model=model)
+            dyn = integrator(kind.removesuffix("-eager"), batch, model=model)
+        if kind.endswith("-eager"):  # the same integrator, every step eager (no CUDA graphs)
+            dyn.graphs.enabled = False
         dyn.run(5)
         if dev.type == "cuda":
             torch.cuda.synchronize()
@@ -136,7 +139,11 @@ def timing_mode(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.synchronize()
         ms = 1000.0 * (time.perf_counter() - t0) / args.steps
         out[kind] = round(ms, 3)
-        print(f"{kind:>9}: {ms:8.3f} ms/step ({batch.n_atoms} atoms, {dev})", flush=True)
+        replays = dyn.graphs.replays
+        print(
+            f"{kind:>12}: {ms:8.3f} ms/step ({batch.n_atoms} atoms, {dev}, {replays} steps replayed)",
+            flush=True,
+        )
     return out
 
 

@@ -15,6 +15,7 @@
 #        trace, profiler ranges of forced rebuilds, every GPU test and the NCCL
 #        suite with the halo forced), h1cueq (MACE with cuEquivariance, until OOM),
 #        h1ens (the ensembles' integrators on one GPU: NVE, NVT-NH, NPT),
+#        h1graphtests (the CUDA-graph integration tests on one GPU),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -236,6 +237,11 @@ h1cueq)
       --start-cells 24 --doublings ${CUEQ_DOUBLINGS:-3} --steps 5 --warmup 2 --json "$out/cueq_$dt.json" 2>&1 | quiet \
       | grep -v "UserWarning\|warn\|_Jd, _W3j\|torch.tensor(atomic\|^ \|^~\|^$\|Call using\|reshape\|cat = \|Traceback\|OutOfMemoryError: CUDA"
   done
+  ;;
+h1graphtests)
+  step "CUDA-graph integration tests on one GPU (-m gpu): replays vs eager, NVE / Langevin / NVT-NH"
+  timeout 300 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short integration_tests/test_it_cuda_graphs.py 2>&1 | tail -8
   ;;
 h1ens)
   step "Integrators on one GPU, fp64 LJ argon: velocity Verlet (captured), NVT-NH, NPT iso/full"

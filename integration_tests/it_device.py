@@ -21,6 +21,7 @@ from nvdd.dynamics import (
     HookScope,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
     kinetic_energy,
 )
@@ -104,7 +105,9 @@ def cpu_and_fake(
     return cpu, fake
 
 
-def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str, Any]:
+def host_syncs_per_step(
+    kind: str, model_name: str, steps: int = 6, integrator: str = "nve"
+) -> dict[str, Any]:
     """Host synchronisations of DomainParallel steps on the fake accelerator.
 
     Runs a velocity-Verlet DD run on the fake device, then records (with
@@ -119,7 +122,9 @@ def host_syncs_per_step(kind: str, model_name: str, steps: int = 6) -> dict[str,
         warnings.simplefilter("ignore")
         model = model.to(dev)
         batch = crystal(kind, temperature_k=30.0).to(dev)
-        dyn = VelocityVerlet(model, batch, dt_fs=1.0)
+        dyn: Any = VelocityVerlet(model, batch, dt_fs=1.0)
+        if integrator == "nvt-nh":
+            dyn = NoseHooverNVT(model, batch, dt_fs=1.0, temperature_K=30.0, tau_fs=50.0)
         with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=1.0)) as dp:
             dp.partition()
             dp.run(3)

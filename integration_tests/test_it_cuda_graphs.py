@@ -22,6 +22,7 @@ from nvdd.dynamics import (
     DomainParallel,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
 )
 from nvdd.testing import run_ranks
@@ -43,13 +44,17 @@ def _trajectory(
     dp: bool = False,
     device: str = "cpu",
     dtype: torch.dtype = torch.float64,
-    langevin: bool = False,
+    integrator: str = "nve",
     halo_on_one_rank: bool = False,
 ) -> dict[str, Any]:
     model = lj_model(dtype).to(device)
     batch = batch.clone().to(device=device, dtype=dtype)  # a hook below changes the cell in place
-    if langevin:
+    if integrator == "langevin":
         dyn: Any = Langevin(model, batch, dt_fs=2.0, temperature_K=300.0, cuda_graphs=graphs)
+    elif integrator == "nvt-nh":  # (the chain on the device: a Warp launch per half step)
+        dyn = NoseHooverNVT(
+            model, batch, dt_fs=2.0, temperature_K=300.0, tau_fs=40.0, cuda_graphs=graphs
+        )
     else:
         dyn = VelocityVerlet(model, batch, dt_fs=2.0, cuda_graphs=graphs)
     seen: list[tuple[int, float]] = []
@@ -143,8 +148,8 @@ def test_replayed_steps_equal_eager_steps(kind: str) -> None:
 
 def test_replayed_langevin_steps_equal_eager_steps() -> None:
     batch = _hot()
-    eager = _trajectory(batch, 40, graphs=False, hooks=True, langevin=True)
-    graphed = _trajectory(batch, 40, graphs=True, hooks=True, langevin=True)
+    eager = _trajectory(batch, 40, graphs=False, hooks=True, integrator="langevin")
+    graphed = _trajectory(batch, 40, graphs=True, hooks=True, integrator="langevin")
     _assert_same(graphed, eager)
     assert graphed["seen"] == eager["seen"] != [] and graphed["replays"] > 25
 
@@ -195,21 +200,27 @@ def test_domain_parallel_on_one_rank_replays_the_whole_batch_step() -> None:
 
 
 def _dp_halo(
-    graphs: bool, halo_on_one_rank: bool = False, langevin: bool = False
+    graphs: bool, halo_on_one_rank: bool = False, integrator: str = "nve"
 ) -> dict[str, Any]:
     return _trajectory(
         _hot(), 60, graphs=graphs, dp=True, hooks=True, halo_on_one_rank=halo_on_one_rank,
-        langevin=langevin,
+        integrator=integrator,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("ranks", "one", "langevin"),
-    [(2, False, False), (3, False, False), (1, True, False), (2, False, True)],
-    ids=["2-ranks", "3-ranks", "halo-on-1-rank", "2-ranks-langevin"],
+    ("ranks", "one", "integrator"),
+    [
+        (2, False, "nve"),
+        (3, False, "nve"),
+        (1, True, "nve"),
+        (2, False, "langevin"),
+        (2, False, "nvt-nh"),
+    ],
+    ids=["2-ranks", "3-ranks", "halo-on-1-rank", "2-ranks-langevin", "2-ranks-nvt-nh"],
 )
 def test_domain_parallel_halo_steps_are_replayed_and_equal_eager_steps(
-    ranks: int, one: bool, langevin: bool
+    ranks: int, one: bool, integrator: str
 ) -> None:
     """The halo path of several ranks captures a steady step as two graphs
     around its rebuild decision (``StepGraphs``: head, decision, tail); a
@@ -217,8 +228,8 @@ def test_domain_parallel_halo_steps_are_replayed_and_equal_eager_steps(
     emulation replays exactly what a CUDA graph would: the same trajectory as
     eager steps bit for bit, the same rebuilds at the same steps, hooks seen
     alike."""
-    eager = run_ranks(_dp_halo, ranks, False, one, langevin)
-    graphed = run_ranks(_dp_halo, ranks, True, one, langevin)
+    eager = run_ranks(_dp_halo, ranks, False, one, integrator)
+    graphed = run_ranks(_dp_halo, ranks, True, one, integrator)
     for rank, (g, e) in enumerate(zip(graphed, eager, strict=True)):
         _assert_same(g, e, exact=True)
         assert g["seen"] == e["seen"] != [], rank
@@ -300,14 +311,21 @@ def _within_eager_noise(kw: dict[str, Any], device: str, dtype: torch.dtype) -> 
     return graphed
 
 
-_GPU_CASES: list[dict[str, Any]] = [{}, {"hooks": True}, {"squeeze_at": 20}, {"langevin": True}]
+_GPU_CASES: list[dict[str, Any]] = [
+    {},
+    {"hooks": True},
+    {"squeeze_at": 20},
+    {"integrator": "langevin"},
+    {"integrator": "nvt-nh", "hooks": True},
+]
 
 
+@pytest.mark.parametrize("integrator", ["langevin", "nvt-nh"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
-def test_the_gpu_comparison_runs_on_the_cpu_emulation(dtype: torch.dtype) -> None:
+def test_the_gpu_comparison_runs_on_the_cpu_emulation(dtype: torch.dtype, integrator: str) -> None:
     """The check the GPU test makes, on CPU (where eager runs agree exactly), in
     both dtypes (a float32 model and batch through the captured step)."""
-    out = _within_eager_noise({"langevin": True, "hooks": True}, "cpu", dtype)
+    out = _within_eager_noise({"integrator": integrator, "hooks": True}, "cpu", dtype)
     assert out["positions"].dtype == dtype
 
 
@@ -337,10 +355,12 @@ def test_non_finite_values_in_a_cuda_graph_replay_raise() -> None:
     assert dyn.graphs.captures == 1
 
 
-def _dp_cuda(graphs: bool, halo_on_one_rank: bool = False) -> dict[str, Any]:
+def _dp_cuda(
+    graphs: bool, halo_on_one_rank: bool = False, integrator: str = "nve"
+) -> dict[str, Any]:
     out = _trajectory(
         _hot(), 50, graphs=graphs, dp=True, hooks=True, device="cuda",
-        halo_on_one_rank=halo_on_one_rank,
+        halo_on_one_rank=halo_on_one_rank, integrator=integrator,
     )  # fmt: skip
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
@@ -355,12 +375,15 @@ def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step() -> None:
 
 
 @pytest.mark.gpu
-def test_domain_parallel_halo_steps_on_one_gpu_are_replayed() -> None:
+@pytest.mark.parametrize("integrator", ["nve", "nvt-nh"])
+def test_domain_parallel_halo_steps_on_one_gpu_are_replayed(integrator: str) -> None:
     """The split capture (head, decision, tail) as real CUDA graphs: the halo path
     forced on one GPU (NCCL world of one: the exchanges are local copies; the
-    collectives of two GPUs are left to the NCCL suite)."""
-    (eager,) = run_ranks(_dp_cuda, 1, False, True, backend="nccl", start_method="spawn")
-    (graphed,) = run_ranks(_dp_cuda, 1, True, True, backend="nccl", start_method="spawn")
+    collectives of two GPUs are left to the NCCL suite). NVT-NH: its reduction
+    and chain kernel inside the graphs."""
+    args = (True, integrator)
+    (eager,) = run_ranks(_dp_cuda, 1, False, *args, backend="nccl", start_method="spawn")
+    (graphed,) = run_ranks(_dp_cuda, 1, True, *args, backend="nccl", start_method="spawn")
     for key in ("positions", "velocities", "forces", "energy"):
         torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
     assert graphed["calls"] == eager["calls"] and graphed["rebuilds"] == eager["rebuilds"] > 2

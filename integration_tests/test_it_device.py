@@ -96,3 +96,21 @@ def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
         assert len(migrate) == 1 and "(_all_reduce)" in migrate[0], migrate
         select = [e for e in r["rebuild"] if " at halo/_select.py" in e]
         assert len(select) <= 6, select
+
+
+def test_a_steady_nose_hoover_step_reads_only_its_divergence_flag() -> None:
+    """NVT-NH under DD keeps its chain on the device: a steady step reads what a
+    velocity-Verlet step reads (the decision) plus the chain's divergence flag,
+    once per step. That read goes through ``LazyFiniteCheck``: on CUDA a
+    non-blocking copy polled with an event (no stream wait); on this fake
+    device, which has no events, it is read at once, so it is visible here."""
+    out = run_ranks(host_syncs_per_step, 2, "periodic", "lj", 6, "nvt-nh", timeout_s=300)
+    for rank, r in enumerate(out):
+        assert r["steady_rebuilds"] == 0, f"rank {rank}: the steady window rebuilt"
+        wrapper = [e for e in r["steady"] if " at models/" not in e]
+        reads = [e for e in wrapper if "(read_decision)" in e]
+        assert len(reads) == r["steps"] + 1, wrapper
+        flags = [e for e in wrapper if e.startswith("scalar read at dynamics/_finite.py")]
+        assert len(flags) == r["steps"], wrapper
+        others = [e for e in wrapper if e not in reads and e not in flags]
+        assert others == [], others

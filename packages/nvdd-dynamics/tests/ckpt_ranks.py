@@ -13,11 +13,14 @@ from dyn_models import SoftPair
 from nvdd.core import Batch, Watchdog
 from nvdd.dynamics import (
     FIRE,
+    MTKNPT,
     BaseDynamics,
+    CellDOF,
     DomainConfig,
     DomainParallel,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
 )
 
@@ -47,6 +50,20 @@ def dynamics(kind: str) -> BaseDynamics:
         return VelocityVerlet(model, batch, dt_fs=3.0)
     if kind == "nvt":
         return Langevin(model, batch, dt_fs=3.0, temperature_K=300.0, friction_per_fs=0.05, seed=5)
+    if kind == "nvt-nh":
+        return NoseHooverNVT(model, batch, dt_fs=3.0, temperature_K=300.0, tau_fs=30.0)
+    if kind.startswith("npt"):
+        dof = CellDOF.ISOTROPIC if kind == "npt-iso" else CellDOF.FULL
+        return MTKNPT(
+            model,
+            batch,
+            dt_fs=3.0,
+            temperature_K=300.0,
+            pressure_bar=2000.0,
+            tau_t_fs=30.0,
+            tau_p_fs=60.0,
+            cell_dof=dof,
+        )
     return FIRE(model, batch.replace(velocities=torch.zeros_like(batch.velocities)), dt_fs=1.0)
 
 
@@ -58,6 +75,8 @@ def state(batch: Batch | None, dyn: BaseDynamics) -> dict[str, Any] | None:
     out["scalars"] = {k: getattr(dyn, k) for k in ("step_count", "dt_fs", "converged")}
     if isinstance(dyn, FIRE):
         out["scalars"].update(alpha=dyn.alpha, n_positive=dyn.n_positive)
+    if isinstance(dyn, NoseHooverNVT | MTKNPT):  # (the extended energy holds the chains)
+        out["conserved"] = dyn.conserved_energy()
     return out
 
 

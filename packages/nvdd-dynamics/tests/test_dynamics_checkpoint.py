@@ -32,7 +32,7 @@ def _wrapped(a: torch.Tensor, b: torch.Tensor, cell: torch.Tensor) -> float:
     return float(((frac - torch.round(frac)) @ cell).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["nve", "nvt", "fire"])
+@pytest.mark.parametrize("kind", ["nve", "nvt", "fire", "nvt-nh", "npt-iso", "npt-full"])
 def test_restart_continues_the_run_bit_for_bit_or_within_1e10(tmp_path: Path, kind: str) -> None:
     path = str(tmp_path / "ckpt")
     at_save, whole = run_ranks(run_and_save, 2, kind, 4, 6, path, timeout_s=120)[0]
@@ -41,10 +41,15 @@ def test_restart_continues_the_run_bit_for_bit_or_within_1e10(tmp_path: Path, ki
     assert same["scalars"] == whole["scalars"] and whole["scalars"]["step_count"] == 10
     for name in FIELDS:  # the same world size: exactly the uninterrupted run
         assert torch.equal(same[name], whole[name]), name
+    assert torch.equal(same["cell"], whole["cell"])  # (NPT moves it)
+    if "conserved" in whole:  # Nose-Hoover chains and the barostat's momentum came back
+        assert torch.equal(same["conserved"], whole["conserved"])
     other, _, _ = run_ranks(restart, 3, kind, 6, path, timeout_s=120)[0]
     assert torch.equal(other["atom_ids"], whole["atom_ids"])
     assert _wrapped(other["positions"], whole["positions"], whole["cell"]) < 1e-10
-    for name in ("velocities", "forces", "energy"):
+    for name in ("velocities", "forces", "energy", "cell") + ("conserved",) * (
+        "conserved" in whole
+    ):
         assert float((other[name] - whole[name]).abs().max()) < 1e-10, name
     assert other["scalars"] == whole["scalars"]
     # The checkpoint held the state at the save, readable whole in this process.

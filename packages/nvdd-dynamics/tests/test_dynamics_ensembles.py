@@ -177,6 +177,49 @@ def test_the_scalar_chain_sweep_follows_the_array_sweep(monkeypatch: pytest.Monk
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
+def test_the_device_chain_follows_the_host_chain() -> None:
+    """``DeviceNoseHooverChain`` (one Warp launch per half step, what NVT-NH runs)
+    integrates the chains of ``NoseHooverChain`` (checked against ASE above):
+    systems of 30 to 3M degrees of freedom, far from their temperature, several
+    sub-steps; the same factors, link momenta, positions and energies to the
+    last bits of ``exp``."""
+    from nvdd.dynamics._chain_device import DeviceNoseHooverChain
+
+    n_dof = np.array([30.0, 90.0, 3.0e6, 600.0, 12.0])
+    q = np.array(
+        [[3.0, 0.1, 0.1], [9.0, 0.1, 0.2], [5.0e4, 0.1, 0.3], [60.0, 1.0, 1.0], [1.2, 0.1, 0.1]]
+    )
+    host_chain, device_chain = (
+        NoseHooverChain(n_dof, 0.01, q),
+        DeviceNoseHooverChain(n_dof, 0.01, q),
+    )
+    p0 = np.array(
+        [[0.3, -0.02, 0.01], [-0.5, 0.03, 0.0], [0.1, 0.2, -0.1], [0, 0, 0], [2, -1, 0.5]]
+    )
+    host_chain.p_xi = p0.copy()
+    device_chain.p_xi.copy_(torch.from_numpy(p0))
+    k2 = np.array([0.9, 0.4, 2.0e4, 6.0, 0.01])
+    device_chain.k2.copy_(torch.from_numpy(k2))
+    for _ in range(60):
+        scale = host_chain.propagate(k2, 0.7)
+        k2 = k2 * scale * scale
+        np.testing.assert_allclose(device_chain.propagate_(0.7).numpy(), scale, rtol=1e-12)
+    assert host_chain.last_loops == device_chain.last_loops > 1
+    np.testing.assert_allclose(device_chain.k2.numpy(), k2, rtol=1e-12)
+    np.testing.assert_allclose(device_chain.p_xi.numpy(), host_chain.p_xi, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(device_chain.xi.numpy(), host_chain.xi, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(device_chain.energy(), host_chain.energy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_diverged_nvt_chain_raises_naming_the_kinetic_energy() -> None:
+    dyn = _nvt(make_gas())
+    dyn.run(2)
+    assert dyn.chain is not None
+    dyn.chain.p_xi[:, 0] = -1.0e300  # (exp overflows in the next half step)
+    with pytest.raises(ValidationError, match="Nose-Hoover chain diverged.*twice the kinetic"):
+        dyn.step()
+
+
 @pytest.mark.parametrize("kind", ["nvt", "npt-full"])
 def test_conserved_energy_drift_is_second_order(kind: str) -> None:
     """Halving the time step divides the extended-energy error by about four."""
@@ -428,3 +471,27 @@ def test_hooks_see_the_per_atom_energies_of_the_whole_system() -> None:
     out = run_ranks(_global_hook_sees_per_atom_energies, 2)
     assert len(out[0]["seen"]) == 1 and out[1]["seen"] == []
     assert float(out[0]["seen"][0]) == pytest.approx(float(out[0]["energy"][0]), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["nvt", "npt-iso", "npt-full"])
+def test_state_arrays_restore_the_step_exactly_and_reject_foreign_state(kind: str) -> None:
+    """What a checkpoint keeps of a chain integrator (``state_arrays``) makes a
+    fresh integrator continue bit for bit; nothing before the first step; a
+    state of another integrator is refused by name."""
+    first = _make(kind, make_gas())
+    assert first.state_arrays() == {}
+    first.run(5)
+    saved = {k: np.array(v) for k, v in first.state_arrays().items()}
+    second = _make(kind, first.batch.clone())
+    second.load_state_arrays(saved)
+    second._forces_ready = True  # (as load_checkpoint: the saved forces drive the next kick)
+    second.outputs = first.outputs
+    first.run(5)
+    second.run(5)
+    assert torch.equal(first.batch.positions, second.batch.positions)
+    assert torch.equal(first.conserved_energy(), second.conserved_energy())
+    other = _make("npt-iso" if kind == "nvt" else "nvt", make_gas())
+    with pytest.raises(ConfigurationError, match=r"NoseHooverNVT|MTKNPT"):
+        other.load_state_arrays(saved)
+    with pytest.raises(ConfigurationError, match="keeps no array state"):
+        BaseDynamics(SoftPair(), make_gas()).load_state_arrays(saved)

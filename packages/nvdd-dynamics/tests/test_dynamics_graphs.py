@@ -20,6 +20,7 @@ from nvdd.dynamics import (
     WARMUP_STEPS,
     HookStage,
     Langevin,
+    NoseHooverNVT,
     VelocityVerlet,
     atom_normal,
     cuda_graphs_default,
@@ -178,6 +179,29 @@ def test_langevin_steps_are_replayed_with_each_steps_own_noise() -> None:
     eager, graphed = run(False), run(True)
     _assert_same(graphed, eager)
     assert graphed.graphs.captures == 3 and graphed.graphs.replays > 10
+
+
+def test_nose_hoover_steps_are_replayed_with_the_chain_on_the_device() -> None:
+    """NVT-NH's chain (a Warp launch per half step), its reduction and the
+    velocity scaling are captured: replays equal eager steps bit for bit, the
+    conserved energy included, and a replayed step reads nothing on the host."""
+
+    def run(graphs: bool) -> Any:
+        dyn = NoseHooverNVT(
+            Springs(), _batch(), dt_fs=1.5, temperature_K=300.0, tau_fs=15.0, cuda_graphs=graphs
+        )
+        dyn.register_hook(HookStage.AFTER_COMPUTE, lambda ctx: None, every=11)  # eager steps too
+        with emulated_capture():
+            dyn.run(30)
+        return dyn
+
+    eager, graphed = run(False), run(True)
+    _assert_same(graphed, eager)
+    assert torch.equal(graphed.conserved_energy(), eager.conserved_energy())
+    assert graphed.graphs.captures == 3 and graphed.graphs.replays > 15
+    assert eager.chain is not None and graphed.chain is not None
+    assert torch.equal(graphed.chain.p_xi, eager.chain.p_xi)
+    assert float(eager.chain.p_xi.abs().sum()) > 0  # the thermostat did work
 
 
 def test_a_step_count_set_by_hand_drops_the_graph() -> None:

@@ -31,8 +31,9 @@ from nvdd.dynamics._graph_step import (
 )
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
-from nvdd.dynamics._nose_hoover import NoseHooverChain, NoseHooverNVT, StepSums, step_sums
+from nvdd.dynamics._nose_hoover import NoseHooverChain, StepSums, step_sums
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
+from nvdd.dynamics._nvt import NoseHooverNVT
 from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._spec_report import describe_spec

@@ -301,6 +301,27 @@ class BaseDynamics:
         decision in those stages."""
         return None
 
+    def state_arrays(self) -> dict[str, Any]:
+        """Integrator state beyond its public scalars that an exact restart needs
+        (a thermostat's chain, a barostat's cell momentum): float64 NumPy arrays
+        by name, global (the same on every rank). Default: none.
+        ``save_checkpoint`` stores them and ``load_checkpoint`` hands them to
+        :meth:`load_state_arrays`."""
+        return {}
+
+    def load_state_arrays(self, arrays: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_arrays` returned (float64 arrays by name).
+
+        Raises
+        ------
+        ConfigurationError
+            When ``arrays`` holds names this integrator does not keep.
+        """
+        if arrays:
+            raise ConfigurationError(
+                f"{type(self).__name__} keeps no array state, the checkpoint holds {sorted(arrays)}"
+            )
+
     def is_converged(self) -> bool:
         """Convergence check after each step (MD integrators never converge)."""
         return False

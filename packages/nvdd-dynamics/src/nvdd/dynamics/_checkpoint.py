@@ -263,6 +263,9 @@ def _write_rank0(
             "class": type(dyn).__name__,
             "module": type(dyn).__module__,
             "state": integrator_state(dyn),
+            "arrays": {
+                k: np.asarray(v, dtype=np.float64).tolist() for k, v in dyn.state_arrays().items()
+            },
         },
         "domain": {
             "cutoff": cfg.cutoff,
@@ -471,6 +474,8 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
         dp.partition(whole)
     for key, value in manifest["integrator"]["state"].items():
         setattr(dyn, key, value)
+    arrays = manifest["integrator"].get("arrays", {})  # (absent before 2026-12-02)
+    dyn.load_state_arrays({k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
     dyn._forces_ready = True  # the saved forces drive the first half step
     dp.model.request_rebuild()
     return manifest

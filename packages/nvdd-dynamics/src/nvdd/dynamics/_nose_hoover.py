@@ -17,21 +17,20 @@ the host once (one synchronisation per step); per-atom work stays on the device.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
-from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
-from nvdd.dynamics._hooks import Hook
+from nvdd.core import Batch, ConfigurationError, ValidationError
+from nvdd.dynamics._base import BaseDynamics
 
 if TYPE_CHECKING:
     from nvdd.dynamics._base import Reducer
 
-__all__ = ["NoseHooverChain", "NoseHooverNVT", "StepSums", "step_sums"]
+__all__ = ["NoseHooverChain", "StepSums", "reduce_step", "step_sums"]
 
 Array = npt.NDArray[np.float64]
 
@@ -46,6 +45,8 @@ CHAIN_STEP_LIMIT = 1.0
 MAX_CHAIN_LOOPS = 4096
 #: Up to this many systems a chain sweep runs on Python floats, system by system.
 SCALAR_SYSTEMS = 4
+#: What :meth:`NoseHooverChain.state` saves of a chain.
+CHAIN_FIELDS = ("n_dof", "masses", "xi", "p_xi")
 
 
 def host(x: Any) -> Array:
@@ -53,6 +54,50 @@ def host(x: Any) -> Array:
     if isinstance(x, torch.Tensor):
         return np.asarray(x.detach().to(device="cpu", dtype=torch.float64).numpy())
     return np.asarray(x, dtype=np.float64)
+
+
+def check_chain_constants(
+    n_dof: Any, kT: float, masses: Any, n_loops: int, max_loops: int
+) -> tuple[Array, Array]:
+    """``n_dof`` and ``masses`` as float64 host arrays, checked (ConfigurationError)."""
+    dof, q = host(n_dof), host(masses)
+    if q.ndim != 2 or dof.shape != (q.shape[0],) or q.shape[1] < 1:
+        raise ConfigurationError(
+            f"chain masses have shape {q.shape}, expected ({dof.shape[0]}, length >= 1)"
+        )
+    if not bool((q > 0).all()) or not kT > 0:
+        raise ConfigurationError(
+            f"a Nose-Hoover chain needs kT > 0 (got {kT}) and positive masses (got {q.tolist()})"
+        )
+    if n_loops < 1 or max_loops < n_loops:
+        raise ConfigurationError(
+            f"need 1 <= n_loops <= max_loops, got n_loops={n_loops}, max_loops={max_loops}"
+        )
+    return dof, q
+
+
+def chain_sub_steps(
+    n_dof: Array, masses: Array, kT: float, dt: float, n_loops: int, max_loops: int
+) -> int:
+    """Sub-steps of a chain half step of ``dt`` (:meth:`NoseHooverChain.sub_steps`):
+    ``max(n_loops, ceil(|w| |dt| n_dof**(1/3) / tau / CHAIN_STEP_LIMIT))``.
+
+    Raises
+    ------
+    ValidationError
+        When that exceeds ``max_loops``.
+    """
+    w = max(abs(x) for x in SUZUKI_YOSHIDA_4)
+    tau = float(np.sqrt(masses / kT).min())
+    rate = float(np.cbrt(n_dof.max())) / tau
+    n = max(n_loops, math.ceil(abs(dt) * w * rate / CHAIN_STEP_LIMIT))
+    if n > max_loops:
+        raise ValidationError(
+            f"Nose-Hoover chain needs {n} sub-steps per half step of {abs(dt):.3g} "
+            f"(max_loops {max_loops}) for {n_dof.max():.0f} degrees of "
+            f"freedom and a link time of {tau:.3g}: use a longer tau"
+        )
+    return n
 
 
 class NoseHooverChain:
@@ -95,26 +140,33 @@ class NoseHooverChain:
         n_loops: int = 1,
         max_loops: int = MAX_CHAIN_LOOPS,
     ) -> None:
-        dof, q = host(n_dof), host(masses)
-        if q.ndim != 2 or dof.shape != (q.shape[0],) or q.shape[1] < 1:
-            raise ConfigurationError(
-                f"chain masses have shape {q.shape}, expected ({dof.shape[0]}, length >= 1)"
-            )
-        if not bool((q > 0).all()) or not kT > 0:
-            raise ConfigurationError(
-                f"a Nose-Hoover chain needs kT > 0 (got {kT}) and positive masses "
-                f"(got {q.tolist()})"
-            )
-        if n_loops < 1 or max_loops < n_loops:
-            raise ConfigurationError(
-                f"need 1 <= n_loops <= max_loops, got n_loops={n_loops}, max_loops={max_loops}"
-            )
+        dof, q = check_chain_constants(n_dof, kT, masses, n_loops, max_loops)
         self.n_dof, self.kT, self.masses, self.n_loops = dof, float(kT), q, int(n_loops)
         self.max_loops = int(max_loops)
         self.last_loops = self.n_loops
         self._loops_for: tuple[Any, int] = (None, self.n_loops)
         self.xi: Array = np.zeros_like(q)
         self.p_xi: Array = np.zeros_like(q)
+
+    def state(self, prefix: str) -> dict[str, Array]:
+        """The chain as float64 arrays named ``prefix + ...`` (checkpoints)."""
+        return {prefix + k: np.array(getattr(self, k), dtype=np.float64) for k in CHAIN_FIELDS}
+
+    @classmethod
+    def from_state(
+        cls, arrays: Mapping[str, Any], prefix: str, kT: float, n_loops: int
+    ) -> NoseHooverChain:
+        """The chain :meth:`state` saved (``kT`` and ``n_loops`` are the
+        integrator's parameters)."""
+        chain = cls(arrays[prefix + "n_dof"], kT, arrays[prefix + "masses"], n_loops)
+        xi, p_xi = host(arrays[prefix + "xi"]), host(arrays[prefix + "p_xi"])
+        if xi.shape != chain.masses.shape or p_xi.shape != chain.masses.shape:
+            raise ConfigurationError(
+                f"saved chain state has shapes {xi.shape} and {p_xi.shape}, expected "
+                f"{chain.masses.shape}"
+            )
+        chain.xi, chain.p_xi = xi.copy(), p_xi.copy()
+        return chain
 
     @property
     def length(self) -> int:
@@ -183,16 +235,7 @@ class NoseHooverChain:
         """
         key = (float(dt), self.n_loops)
         if key != self._loops_for[0]:
-            w = max(abs(x) for x in SUZUKI_YOSHIDA_4)
-            tau = float(np.sqrt(self.masses / self.kT).min())
-            rate = float(np.cbrt(self.n_dof.max())) / tau
-            n = max(self.n_loops, math.ceil(abs(dt) * w * rate / CHAIN_STEP_LIMIT))
-            if n > self.max_loops:
-                raise ValidationError(
-                    f"Nose-Hoover chain needs {n} sub-steps per half step of {abs(dt):.3g} "
-                    f"(max_loops {self.max_loops}) for {self.n_dof.max():.0f} degrees of "
-                    f"freedom and a link time of {tau:.3g}: use a longer tau"
-                )
+            n = chain_sub_steps(self.n_dof, self.masses, self.kT, dt, self.n_loops, self.max_loops)
             self._loops_for = (key, n)
         return self._loops_for[1]
 
@@ -281,23 +324,37 @@ class StepSums:
         return out
 
 
-def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
-    """Atom counts, ``sum m v (x) v`` and the model totals ``names``, per system.
+def reduce_step(
+    dyn: BaseDynamics, names: Iterable[str]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Atom counts, ``sum m v (x) v`` and the model totals ``names``, per system,
+    on the atoms' device (no host synchronisation; capturable).
 
     One call of ``dyn.reducer.sum_with_totals``: under DD **Collective** over the
     mesh (one all-reduce that also completes the pending per-system partials).
-    The counts and kinetic tensor are copied to the host (one synchronisation).
+
+    Returns
+    -------
+    (torch.Tensor, dict)
+        float64 ``(n_systems, 10)``: column 0 the atom count, columns 1 to 9
+        ``sum m v (x) v`` row-major; and the totals of ``names`` that exist.
     """
     b = dyn.batch
-    n_sys = b.n_systems
     v = b.velocities.to(torch.float64)
     outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
     ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
-    local = torch.zeros(n_sys, 10, dtype=torch.float64, device=b.device)
+    local = torch.zeros(b.n_systems, 10, dtype=torch.float64, device=b.device)
     local = local.index_add(0, b.system_index, torch.cat([ones, outer.reshape(-1, 9)], 1))
     reducer: Reducer = dyn.reducer
-    summed, totals = reducer.sum_with_totals(local, names, dyn.outputs)
+    return reducer.sum_with_totals(local, names, dyn.outputs)
+
+
+def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
+    """:func:`reduce_step` with the counts and kinetic tensor copied to the host
+    (one synchronisation). **Collective** under DD, as :func:`reduce_step`."""
+    summed, totals = reduce_step(dyn, names)
     flat = host(summed)
+    n_sys = flat.shape[0]
     return StepSums(flat[:, 0].copy(), flat[:, 1:].reshape(n_sys, 3, 3).copy(), totals)
 
 
@@ -306,119 +363,3 @@ def per_atom(values: Array, batch: Batch) -> torch.Tensor:
     ``(n_atoms, 1)`` on the batch's device and in its dtype."""
     t = torch.as_tensor(values, dtype=batch.dtype).to(batch.device, non_blocking=True)
     return t.index_select(0, batch.system_index)[:, None]
-
-
-class NoseHooverNVT(BaseDynamics):
-    """Canonical (NVT) dynamics with a Nose-Hoover chain thermostat per system.
-
-    One step: chain (dt/2), half kick, drift | forces | half kick, chain (dt/2).
-    Degrees of freedom ``3 N`` per system (as ASE). The only global quantities,
-    the atom count and kinetic energy, come from one reduction per step (plus one
-    at the first step), which also completes the energy for
-    :meth:`conserved_energy`.
-
-    Parameters
-    ----------
-    temperature_K:
-        Target temperature, > 0.
-    tau_fs:
-        Thermostat time scale (fs); default ``100 * dt_fs``.
-    chain_length:
-        Links per chain (>= 1; default 3).
-    n_loops:
-        Thermostat sub-steps per half step (default 1).
-    """
-
-    def __init__(
-        self,
-        model: Callable[[Batch], ModelOutputs],
-        batch: Batch,
-        *,
-        dt_fs: float = 1.0,
-        temperature_K: float,
-        tau_fs: float | None = None,
-        chain_length: int = 3,
-        n_loops: int = 1,
-        hooks: Iterable[Hook] = (),
-        cuda_graphs: bool | None = None,
-    ) -> None:
-        super().__init__(model, batch, dt_fs=dt_fs, hooks=hooks, cuda_graphs=cuda_graphs)
-        tau = 100.0 * dt_fs if tau_fs is None else tau_fs
-        if not temperature_K > 0 or not tau > 0:
-            raise ConfigurationError(
-                f"NoseHooverNVT needs temperature_K > 0 and tau_fs > 0, got {temperature_K!r} "
-                f"and {tau_fs!r}"
-            )
-        if chain_length < 1 or n_loops < 1:
-            raise ConfigurationError(
-                f"chain_length and n_loops must be >= 1, got {chain_length} and {n_loops}"
-            )
-        self.temperature_K = float(temperature_K)
-        self.tau_fs = float(tau)
-        self.chain_length, self.n_loops = int(chain_length), int(n_loops)
-        self.chain: NoseHooverChain | None = None
-        self._k2: Array | None = None
-        self._energy: Array | None = None
-
-    @property
-    def kT(self) -> float:
-        """Target ``k_B T`` in eV."""
-        return KB_EV_PER_K * self.temperature_K
-
-    def _reduce(self) -> StepSums:
-        sums = step_sums(self, ("energy",))
-        energy = sums.totals.get("energy")
-        self._energy = None if energy is None else host(energy)
-        if energy is not None:
-            self.batch = self.batch.replace(energy=energy.to(self.batch.dtype))
-        return sums
-
-    def _start(self) -> Array:
-        sums = self._reduce()
-        if not bool((sums.counts > 0).all()):
-            raise ValidationError(f"every system needs atoms; counts are {sums.counts.tolist()}")
-        n_dof = 3.0 * sums.counts
-        tau = self.tau_fs * ASE_TIME_PER_FS
-        q = np.full((n_dof.shape[0], self.chain_length), self.kT * tau * tau)
-        q[:, 0] *= n_dof
-        self.chain = NoseHooverChain(n_dof, self.kT, q, self.n_loops)
-        return sums.k2
-
-    def _thermostat(self, k2: Array) -> None:
-        assert self.chain is not None
-        scale = self.chain.propagate(k2, 0.5 * self.dt)
-        self._k2 = k2 * scale * scale
-        b = self.batch
-        self.batch = b.replace(velocities=b.velocities * per_atom(scale, b))
-
-    def pre_update(self) -> None:
-        k2 = self._start() if self._k2 is None else self._k2
-        self._thermostat(k2)
-        b = self.batch
-        v = b.velocities + 0.5 * self.dt * b.forces / b.masses[:, None]
-        self.batch = b.replace(velocities=v, positions=b.positions + self.dt * v)
-
-    def post_update(self) -> None:
-        b = self.batch
-        self.batch = b.replace(
-            velocities=b.velocities + 0.5 * self.dt * b.forces / b.masses[:, None]
-        )
-        self._thermostat(self._reduce().k2)
-
-    def conserved_energy(self) -> torch.Tensor:
-        """The extended energy ``E_pot + E_kin + chain`` per system (float64, on the
-        host), which the dynamics conserves; no communication (uses the last
-        step's sums).
-
-        Raises
-        ------
-        ValidationError
-            Before the first step, or if the model returns no energy.
-        """
-        if self.chain is None or self._k2 is None:
-            raise ValidationError("conserved_energy: take a step first")
-        if self._energy is None:
-            raise ValidationError(
-                f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
-            )
-        return torch.from_numpy(self._energy + 0.5 * self._k2 + self.chain.energy())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
 from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._nose_hoover import (
+    CHAIN_FIELDS,
     Array,
     NoseHooverChain,
     StepSums,
@@ -215,6 +216,47 @@ class MTKNPT(BaseDynamics):
         if self._kin is None or self._stress is None:
             raise ValidationError(f"{what}: take a step first")
         return self._kin, self._stress
+
+    # ----------------------------------------------------------- checkpoints
+    #: The host arrays of the step besides the chains (see ``__init__``).
+    _ARRAYS = ("p_cell", "_kin", "_stress", "_energy", "_counts", "_w", "_cell")
+
+    def state_arrays(self) -> dict[str, Any]:
+        """Both chains, the cell momentum, the cell and the last step's sums (none
+        before the first step): what an exact restart needs."""
+        if self.thermostat is None or self.barostat is None:
+            return {}
+        out: dict[str, Any] = {
+            **self.thermostat.state("thermostat."),
+            **self.barostat.state("barostat."),
+        }
+        for name in self._ARRAYS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name.lstrip("_")] = np.array(value, dtype=np.float64)
+        return out
+
+    def load_state_arrays(self, arrays: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_arrays` (an empty mapping: the barostat and chains
+        start at the next step, as in a fresh run)."""
+        names = {n.lstrip("_") for n in self._ARRAYS}
+        chains = {f"{c}.{k}" for c in ("thermostat", "barostat") for k in CHAIN_FIELDS}
+        unknown = set(arrays) - names - chains
+        if unknown or (arrays and not chains <= set(arrays)):
+            raise ConfigurationError(
+                f"MTKNPT: saved state {sorted(arrays)} is not what MTKNPT keeps "
+                f"({sorted(names | chains)})"
+            )
+        _, _, t_loops, p_loops = self._chains
+        self.thermostat = self.barostat = None
+        if arrays:
+            self.thermostat = NoseHooverChain.from_state(arrays, "thermostat.", self.kT, t_loops)
+            self.barostat = NoseHooverChain.from_state(arrays, "barostat.", self.kT, p_loops)
+        for name in self._ARRAYS:
+            value = arrays.get(name.lstrip("_"))
+            setattr(self, name, None if value is None else host(value).copy())
+        if self.thermostat is not None and self.p_cell is None:
+            raise ConfigurationError("MTKNPT: the saved state has chains but no cell momentum")
 
     # --------------------------------------------------------------- set-up
     def _reduce(self) -> StepSums:
