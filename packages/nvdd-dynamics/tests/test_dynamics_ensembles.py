@@ -216,7 +216,7 @@ def test_a_diverged_nvt_chain_raises_naming_the_kinetic_energy() -> None:
     dyn.run(2)
     assert dyn.chain is not None
     dyn.chain.p_xi[:, 0] = -1.0e300  # (exp overflows in the next half step)
-    with pytest.raises(ValidationError, match="Nose-Hoover chain diverged.*twice the kinetic"):
+    with pytest.raises(ValidationError, match=r"Nose-Hoover chain diverged.*twice the kinetic"):
         dyn.step()
 
 

@@ -61,6 +61,7 @@ from nvdd.core._strain import (
     nonaffine_displacements,
     skin_exceeded,
 )
+from nvdd.core._system_sum import ONE_HOT_SYSTEMS, system_sum
 from nvdd.core._watchdog import (
     DEFAULT_WATCHDOG_S,
     WATCHDOG_ENV,
@@ -89,6 +90,7 @@ __all__ = [
     "DistributedEnv",
     "EmulatedStepGraph",
     "ModelOutputs",
+    "ONE_HOT_SYSTEMS",
     "NvddError",
     "OptionalDependencyError",
     "RankFailedError",
@@ -132,4 +134,5 @@ __all__ = [
     "shutdown_distributed",
     "skin_exceeded",
     "spawn_ranks",
+    "system_sum",
 ]

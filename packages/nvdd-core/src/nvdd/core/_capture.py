@@ -35,6 +35,7 @@ emulation cannot see them (the no-host-sync guard tests count those).
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -140,15 +141,27 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
         self._graph = torch.cuda.CUDAGraph()
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
-        with _activate(None) as active:
-            try:
-                with torch.cuda.graph(self._graph):
-                    body()
-            except CaptureError:
-                raise
-            except RuntimeError as exc:
-                raise CaptureError(f"CUDA graph capture failed: {exc}") from exc
-            return active.callbacks
+        # The garbage collector stays off while the stream captures: a collection
+        # there can free objects whose finalisers call the CUDA driver (a Warp
+        # array or stream, an event), which invalidates the whole capture
+        # ("operation not permitted when stream is capturing"; seen on an H200
+        # in 2 of 3 pytest runs of the graph tests, never with the collector
+        # paused). ``torch.cuda.graph`` collects once before it starts.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with _activate(None) as active:
+                try:
+                    with torch.cuda.graph(self._graph):
+                        body()
+                except CaptureError:
+                    raise
+                except RuntimeError as exc:
+                    raise CaptureError(f"CUDA graph capture failed: {exc}") from exc
+                return active.callbacks
+        finally:
+            if enabled:
+                gc.enable()
 
     def replay(self) -> None:
         self._graph.replay()

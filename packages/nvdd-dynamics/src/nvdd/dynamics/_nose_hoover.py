@@ -8,10 +8,11 @@ system, identical on every rank): they are driven only by sums that come out of
 the integrator's one reduction per step, so a domain-decomposed run integrates
 exactly the chain of the single-process run.
 
-Global state lives on the host in float64 NumPy arrays: a chain sweep is a few
-hundred operations on arrays of a few numbers, which cost microseconds on the
-host but a kernel launch each on a GPU. The step's one reduction is copied to
-the host once (one synchronisation per step); per-atom work stays on the device.
+This module's chain keeps its state on the host in float64 NumPy arrays (MTK
+NPT uses it; its step decides on the host anyway): a chain sweep is a few
+hundred operations on arrays of a few numbers, microseconds on the host. The
+step's one reduction is copied to the host once per step. NVT-NH runs the same
+chain on the device (``_chain_device``), which lets its steps be captured.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ValidationError
+from nvdd.core import Batch, ConfigurationError, ValidationError, system_sum
 from nvdd.dynamics._base import BaseDynamics
 
 if TYPE_CHECKING:
@@ -343,8 +344,8 @@ def reduce_step(
     v = b.velocities.to(torch.float64)
     outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
     ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
-    local = torch.zeros(b.n_systems, 10, dtype=torch.float64, device=b.device)
-    local = local.index_add(0, b.system_index, torch.cat([ones, outer.reshape(-1, 9)], 1))
+    rows = torch.cat([ones, outer.reshape(-1, 9)], 1)
+    local = system_sum(rows, b.system_index, b.n_systems)  # (no atomics on one row)
     reducer: Reducer = dyn.reducer
     return reducer.sum_with_totals(local, names, dyn.outputs)
 
