@@ -245,6 +245,27 @@ def test_quantile_cuts_survive_tied_coordinates() -> None:
     ParticleHaloConfig(part.boxes, part.pbc, 2.0)
 
 
+def test_quantile_cuts_treat_coordinates_ulps_apart_as_one_plane() -> None:
+    """Values that differ in the last bits (wrapped fractions of a triclinic
+    lattice) are one plane: the midpoint of two values an ulp apart rounds onto
+    one of them, and two such gaps gave two equal cuts, an empty box that the
+    cut table refused (ConfigurationError on a valid 4-rank run, found by the
+    randomized search, seed 3241 of ``it_fuzz``)."""
+    from nvdd.partition._cuts import _quantile_cuts
+
+    one = torch.tensor(1.0, dtype=torch.float64)
+    plane = [torch.tensor(1.0 / 6.0, dtype=torch.float64)]
+    for _ in range(4):
+        plane.append(torch.nextafter(plane[-1], one))
+    for parts in (2, 3, 4, 5):
+        cuts = _quantile_cuts(torch.stack(plane), parts, 0.0, 1.0)
+        assert cuts.numel() == parts - 1 and bool((cuts[1:] > cuts[:-1]).all()), (parts, cuts)
+    with_planes = torch.cat([torch.stack(plane), torch.tensor([0.4, 0.4, 0.65, 0.9])])
+    cuts = _quantile_cuts(with_planes, 4, 0.0, 1.0)
+    assert bool((cuts[1:] > cuts[:-1]).all()), cuts
+    assert not bool(((cuts > plane[0]) & (cuts < plane[-1])).any()), cuts  # never inside a plane
+
+
 def test_imbalance_needs_atoms() -> None:
     part = SpatialPartitioner(torch.eye(3) * 10, [True] * 3, 2, 2.0)
     with pytest.raises(ConfigurationError, match="needs positions"):

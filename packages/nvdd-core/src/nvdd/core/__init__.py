@@ -61,7 +61,7 @@ from nvdd.core._strain import (
     nonaffine_displacements,
     skin_exceeded,
 )
-from nvdd.core._system_sum import ONE_HOT_SYSTEMS, system_sum
+from nvdd.core._sum_by_system import ONE_HOT_SYSTEMS, sum_by_system
 from nvdd.core._watchdog import (
     DEFAULT_WATCHDOG_S,
     WATCHDOG_ENV,
@@ -134,5 +134,5 @@ __all__ = [
     "shutdown_distributed",
     "skin_exceeded",
     "spawn_ranks",
-    "system_sum",
+    "sum_by_system",
 ]

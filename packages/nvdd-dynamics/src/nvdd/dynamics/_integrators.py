@@ -7,7 +7,14 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, CaptureError, ConfigurationError, ModelOutputs, capturing, system_sum
+from nvdd.core import (
+    Batch,
+    CaptureError,
+    ConfigurationError,
+    ModelOutputs,
+    capturing,
+    sum_by_system,
+)
 from nvdd.dynamics._base import KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._rng import atom_normal
@@ -19,7 +26,7 @@ def kinetic_energy(batch: Batch, reducer: Any = None) -> torch.Tensor:
     """Per-system kinetic energy (eV), shape ``(n_systems,)``; summed over ranks by
     ``reducer`` when given (a **Collective** under DD)."""
     per_atom = 0.5 * batch.masses * (batch.velocities * batch.velocities).sum(dim=1)
-    ke = system_sum(per_atom, batch.system_index, batch.n_systems)
+    ke = sum_by_system(per_atom, batch.system_index, batch.n_systems)
     return reducer.sum(ke) if reducer is not None else ke
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ValidationError, system_sum
+from nvdd.core import Batch, ConfigurationError, ValidationError, sum_by_system
 from nvdd.dynamics._base import BaseDynamics
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ def reduce_step(
     outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
     ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
     rows = torch.cat([ones, outer.reshape(-1, 9)], 1)
-    local = system_sum(rows, b.system_index, b.n_systems)  # (no atomics on one row)
+    local = sum_by_system(rows, b.system_index, b.n_systems)  # (no atomics on one row)
     reducer: Reducer = dyn.reducer
     return reducer.sum_with_totals(local, names, dyn.outputs)
 

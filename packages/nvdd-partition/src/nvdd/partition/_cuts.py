@@ -149,6 +149,11 @@ class CutTable:
                     )
 
 
+#: Sorted values closer than this (times ``max(1, |value|)``) share one quantile
+#: position: no cut between them (:func:`_quantile_cuts`).
+GAP_TOLERANCE = 1e-12
+
+
 def _uniform_cuts(parts: int, lo: float, hi: float) -> torch.Tensor:
     """``parts - 1`` evenly spaced internal cuts of ``[lo, hi]``."""
     return lo + (hi - lo) * torch.arange(1, parts, dtype=torch.float64) / parts
@@ -159,13 +164,18 @@ def _quantile_cuts(values: torch.Tensor, parts: int, lo: float, hi: float) -> to
 
     Each cut lies midway between two consecutive distinct sorted values, at the gap
     nearest to the ideal split index; with too few distinct values the cuts fall
-    back to even spacing of ``[lo, hi]``.
+    back to even spacing of ``[lo, hi]``. Values closer than :data:`GAP_TOLERANCE`
+    (relative) count as one: the midpoint of two values a few ulps apart rounds
+    onto one of them, and two such gaps in a row gave two equal cuts (an empty
+    box, refused by the cut table; found by the randomized N-vs-1 search on a
+    lattice gas whose wrapped fractions differed in the last bits).
     """
     if parts == 1:
         return torch.zeros(0, dtype=torch.float64)
     v = torch.sort(values.to(torch.float64)).values
     m = int(v.shape[0])
-    gaps = torch.nonzero(v[1:] > v[:-1]).flatten() + 1  # cut before v[g]
+    scale = max(1.0, float(v.abs().max())) if m else 1.0
+    gaps = torch.nonzero(v[1:] - v[:-1] > GAP_TOLERANCE * scale).flatten() + 1  # cut before v[g]
     if int(gaps.shape[0]) < parts - 1:
         return _uniform_cuts(parts, lo, hi)
     targets = (torch.arange(1, parts, dtype=torch.int64) * m + parts // 2) // parts

@@ -4,7 +4,7 @@
 sum, but on a GPU every row adds atomically into one of ``S`` rows: with one
 system, a million atoms serialise on ``C`` addresses (about 3.5 ms for a million
 atoms and ten columns on an H200, against 0.2 ms for a reduction).
-:func:`system_sum` picks a contention-free form for few systems: a plain
+:func:`sum_by_system` picks a contention-free form for few systems: a plain
 column sum for one, a one-hot matrix product for a few, ``index_add`` for many
 (where the atomics spread over many rows).
 """
@@ -15,14 +15,14 @@ import math
 
 import torch
 
-__all__ = ["ONE_HOT_SYSTEMS", "system_sum"]
+__all__ = ["ONE_HOT_SYSTEMS", "sum_by_system"]
 
-#: Up to this many systems :func:`system_sum` multiplies by a one-hot matrix
+#: Up to this many systems :func:`sum_by_system` multiplies by a one-hot matrix
 #: (``S x N`` of the rows' dtype); beyond it, ``index_add``.
 ONE_HOT_SYSTEMS = 32
 
 
-def system_sum(rows: torch.Tensor, system_index: torch.Tensor, n_systems: int) -> torch.Tensor:
+def sum_by_system(rows: torch.Tensor, system_index: torch.Tensor, n_systems: int) -> torch.Tensor:
     """Sum of ``rows`` (shape ``(n_atoms, ...)``) per system, shape
     ``(n_systems, ...)``, in ``rows``' dtype and device. No host synchronisation
     (capturable in a CUDA graph); the summation order depends on the path, so

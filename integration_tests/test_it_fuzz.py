@@ -1,0 +1,28 @@
+"""A fixed handful of randomized N-ranks-vs-one cases (``it_fuzz``), in CI.
+
+The seeds were chosen to cover, together, every integrator (velocity Verlet,
+Langevin, FIRE, Nose-Hoover NVT, MTK NPT isotropic and full cell), every model
+(Lennard-Jones fp64 and fp32, the MPNN with 2 and 3 layers), periodic, slab,
+wire and open boundaries (with and without a zero cell vector on an open axis),
+cubic, orthorhombic, triclinic and thin cells, 2 to 4 ranks, a zero skin, load
+balancing, HALO and GRAPH_PARTITION and hooks of every scope. A longer campaign
+(any seeds) is the module's command line (``it_fuzz.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from it_fuzz import check, random_case
+
+pytestmark = pytest.mark.gloo
+
+#: The first eight cover every choice; 3241 found equal quantile cuts (an empty box).
+SEEDS = [4, 654, 482, 329, 144, 42, 139, 15, 3241]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_random_case_matches_one_process_by_atom_id(seed: int) -> None:
+    case = random_case(seed)
+    errors, info = check(case)
+    assert errors == [], (case, info)
+    assert info["n"] > 0 and len(info["n_local"]) == (1 if case.get("one_rank") else case["world"])
