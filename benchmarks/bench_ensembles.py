@@ -140,8 +140,11 @@ def timing_mode(args: argparse.Namespace) -> dict[str, Any]:
         ms = 1000.0 * (time.perf_counter() - t0) / args.steps
         out[kind] = round(ms, 3)
         replays = dyn.graphs.replays
+        search = getattr(model, "device_neighbors", None)
+        builds = "" if search is None else f", {search.n_builds} list builds"
         print(
-            f"{kind:>12}: {ms:8.3f} ms/step ({batch.n_atoms} atoms, {dev}, {replays} steps replayed)",
+            f"{kind:>12}: {ms:8.3f} ms/step ({batch.n_atoms} atoms, {dev}, {replays} steps "
+            f"replayed{builds})",
             flush=True,
         )
     return out

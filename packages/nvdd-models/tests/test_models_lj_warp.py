@@ -220,6 +220,37 @@ def test_verlet_reuse_rebuilds_exactly_when_the_torch_list_does(half: bool) -> N
     assert model.device_neighbors.host_rebuilds == 1
 
 
+@pytest.mark.parametrize("name", ["cubic_periodic", "triclinic_smaller_than_cutoff"])
+def test_a_cell_that_changes_every_step_reuses_the_list_until_the_skin_is_used(
+    name: str,
+) -> None:
+    """A barostat's step: the cell and the positions scale together (plus a
+    little thermal motion). The device list measures displacements in the frame
+    that follows the cell and lets the strain eat into the skin
+    (``nvdd.core._strain``): it is reused across cell changes, stays exact
+    (against the torch model on the same positions), and rebuilds once a
+    compression uses the skin up."""
+    batch = _geometry_batch(name, seed=4)
+    ref_model, model = _model("torch", skin=0.5), _model("warp", skin=0.5)
+    model.device_neighbors.skip_idle_launches = False  # the CUDA order on the CPU
+    gen = torch.Generator().manual_seed(2)
+    positions, cell = batch.positions, batch.cell
+    for step in range(12):
+        factor = 1.0 + 0.002 * (1 if step % 3 else -1)
+        cell, positions = cell * factor, positions * factor
+        positions = positions + 0.01 * torch.randn(
+            positions.shape, generator=gen, dtype=batch.dtype
+        )
+        b = batch.replace(positions=positions, cell=cell)
+        _assert_matches(model(b), ref_model(b), torch.float64)
+    search = model.device_neighbors
+    assert search.n_builds < 4, search.n_builds  # 12 cell changes, few rebuilds
+    before = search.n_builds
+    squeezed = batch.replace(positions=positions * 0.85, cell=cell * 0.85)  # 2.5 * 0.26 > 0.5
+    _assert_matches(model(squeezed), ref_model(squeezed), torch.float64)
+    assert search.n_builds == before + 1 and search.host_rebuilds == 1
+
+
 # ------------------------------------------------------------- host syncs
 def test_the_sync_guard_sees_host_copies() -> None:
     t = torch.arange(4.0)

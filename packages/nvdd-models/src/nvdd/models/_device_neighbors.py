@@ -65,7 +65,7 @@ class _Kernels:
     """The search's kernels, with launches recorded per list (they die with it)."""
 
     def __init__(self) -> None:
-        self.check = Kernel(ck.check_kernel, floats=(7,))
+        self.check = Kernel(ck.check_kernel, floats=(7,), doubles=(8, 9))
         self.frame = Kernel(ck.frame_kernel, doubles=(2, 3))
         self.assign = Kernel(ck.assign_kernel, doubles=(4,))
         self.scatter = Kernel(ck.scatter_kernel)
@@ -419,9 +419,10 @@ class DeviceVerletList:
         flags = state.flags
         if not force:
             k.check(
-                max(n, n_sys * 9),
+                n,
                 [pos, state.ref_positions, system_index, state.ref_system, int(track),
-                 cell_flat, state.ref_cell, threshold2, call, flags],
+                 cell_flat, state.ref_cell, threshold2, self._skin, self._cutoff, call,
+                 flags],
                 dev, dtype,
             )  # fmt: skip
             local = state.local
