@@ -91,6 +91,11 @@ def random_case(seed: int) -> dict[str, Any]:
     if temp >= 2000:
         dt = min(dt, 2.0)
     steps = r.choice([10, 20, 30])
+    if model == "lj32" and temp >= 20000:
+        # float32 at 20,000 K: rounding differences between any two summation
+        # orders grow past the float32 tolerance within 30 steps (seed 3755:
+        # fine at 10 steps, and at 30 in float64); compare the first 10
+        steps = 10
     every = r.choice([0, 1, 3, 7])
     species = (
         r.choice([(18,), (18, 10), (10, 18, 36)])

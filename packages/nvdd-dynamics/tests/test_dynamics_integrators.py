@@ -167,6 +167,24 @@ def test_fire_converges_to_the_minimum() -> None:
         FIRE(model, b, fmax=0.0)
 
 
+def test_fire_takes_no_step_from_a_converged_structure() -> None:
+    """Convergence is tested before the first step (as ASE): at the minimum,
+    with velocities and forces at the rounding level, FIRE does not move the
+    atoms along the noise direction of ``F / |F|``; it fires ``ON_CONVERGE``
+    once and returns True. A second ``run`` does the same."""
+    b = _batch()
+    model = Harmonic(b.positions.clone() + 1e-15)  # forces of 2e-15 eV/A: noise
+    dyn = FIRE(model, b, dt_fs=1.0, fmax=1e-4)
+    seen: list[int] = []
+    dyn.register_hook(HookStage.ON_CONVERGE, lambda ctx: seen.append(ctx.step))
+    assert dyn.run(50) and dyn.converged
+    assert dyn.step_count == 0 and seen == [0] and model.calls == 1
+    assert torch.equal(dyn.batch.positions, b.positions)
+    assert dyn.run(50) and dyn.step_count == 0 and seen == [0, 0]
+    moving = VelocityVerlet(Harmonic(b.positions.clone()), b)  # MD never converges
+    assert not moving.run(3) and moving.step_count == 3
+
+
 def test_base_dynamics_validation() -> None:
     b = _batch()
     with pytest.raises(ConfigurationError, match="dt_fs must be positive"):

@@ -352,9 +352,23 @@ class BaseDynamics:
             self._fire(HookStage.ON_CONVERGE)
 
     def run(self, n_steps: int) -> bool:
-        """Up to ``n_steps`` steps, stopping early at convergence; returns ``converged``."""
+        """Up to ``n_steps`` steps, stopping early at convergence; returns ``converged``.
+
+        Convergence is tested first (as ASE's optimisers do): a minimiser whose
+        structure already meets its criterion takes no step (it fires
+        ``ON_CONVERGE`` and returns True). Stepping anyway moved such a
+        structure along the direction of forces at the rounding level (FIRE's
+        velocity mixing divides by ``|F|``), i.e. along noise, and a decomposed
+        run and one process moved it differently.
+        """
         if n_steps < 0:
             raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
+        if n_steps:
+            self.ensure_forces()
+            if self.is_converged():
+                self.converged = True
+                self._fire(HookStage.ON_CONVERGE)
+                return True
         for _ in range(n_steps):
             self.step()
             if self.converged:
