@@ -58,6 +58,13 @@ class NoseHooverNVT(BaseDynamics):
     n_loops:
         Thermostat sub-steps per half step (default 1; more are taken for a
         chain of many degrees of freedom, :meth:`NoseHooverChain.sub_steps`).
+
+    Notes
+    -----
+    Setting ``temperature_K`` or ``tau_fs`` (``chain_length``, ``n_loops``)
+    between steps, e.g. to anneal, restarts the thermostat at the next step: a
+    fresh chain for the new bath, as a new ``NoseHooverNVT`` from the current
+    state would be (the conserved energy restarts with it).
     """
 
     def __init__(
@@ -91,6 +98,7 @@ class NoseHooverNVT(BaseDynamics):
         self._energy: torch.Tensor | None = None  # the last step's energy (device)
         self._diverged = LazyFiniteCheck()
         self._bad = torch.zeros((), dtype=torch.bool)  # a factor of this step diverged
+        self._chain_bath = self._bath()  # (temperature, tau, length, loops) of the chain
 
     @property
     def kT(self) -> float:
@@ -135,7 +143,7 @@ class NoseHooverNVT(BaseDynamics):
         chain = DeviceNoseHooverChain(n_dof, self.kT, q, self.n_loops, device=self.batch.device)
         chain.k2.copy_(self._k2(summed))
         self._bad = torch.zeros((), dtype=torch.bool, device=self.batch.device)
-        self.chain = chain
+        self.chain, self._chain_bath = chain, self._bath()
 
     def _thermostat(self) -> None:
         """A chain half step and the velocities scaled by it (in place); a
@@ -174,7 +182,13 @@ class NoseHooverNVT(BaseDynamics):
         )
 
     # ------------------------------------------------------------- the step
+    def _bath(self) -> tuple[float, float, int, int]:
+        """What the chain's constants are made of."""
+        return (self.temperature_K, self.tau_fs, self.chain_length, self.n_loops)
+
     def pre_update(self) -> None:
+        if self.chain is not None and self._bath() != self._chain_bath:
+            self.chain = None  # a new target (annealing): a fresh chain at this step
         if self.chain is None:
             self._start()
         self._thermostat()
@@ -238,4 +252,4 @@ class NoseHooverNVT(BaseDynamics):
         if "energy" in arrays:
             self._energy = torch.as_tensor(host(arrays["energy"]), device=device)
         self._bad = torch.zeros((), dtype=torch.bool, device=device)
-        self.chain = chain
+        self.chain, self._chain_bath = chain, self._bath()
