@@ -211,19 +211,23 @@ def test_the_device_chain_follows_the_host_chain() -> None:
     np.testing.assert_allclose(device_chain.energy(), host_chain.energy(), rtol=1e-10, atol=1e-12)
 
 
-def test_a_new_temperature_restarts_the_nvt_chain_at_the_next_step() -> None:
+@pytest.mark.parametrize("kind", ["nvt", "npt-full"])
+def test_a_new_temperature_restarts_the_chains_at_the_next_step(kind: str) -> None:
     """Annealing: ``temperature_K`` set between steps gives the run of a new
-    ``NoseHooverNVT`` at that temperature from the same state, bit for bit."""
-    first = _nvt(make_gas())
+    integrator at that temperature from the same state, bit for bit."""
+    first = _make(kind, make_gas())
     first.run(4)
     state = first.batch.clone()
     first.temperature_K = 2.0 * T_K
     first.run(6)
-    fresh = NoseHooverNVT(SoftPair(), state, dt_fs=2.0, temperature_K=2.0 * T_K, tau_fs=20.0)
+    fresh = _make(kind, state)
+    fresh.temperature_K = 2.0 * T_K  # (before its first step: the same as constructed so)
     fresh.run(6)
     assert torch.equal(first.batch.positions, fresh.batch.positions)
+    assert torch.equal(first.batch.cell, fresh.batch.cell)
     assert torch.equal(first.conserved_energy(), fresh.conserved_energy())
-    assert first.chain is not None and first.chain.kT == pytest.approx(KB_EV_PER_K * 2.0 * T_K)
+    chain = first.chain if kind == "nvt" else first.thermostat
+    assert chain is not None and chain.kT == pytest.approx(KB_EV_PER_K * 2.0 * T_K)
 
 
 def test_a_diverged_nvt_chain_raises_naming_the_kinetic_energy() -> None:

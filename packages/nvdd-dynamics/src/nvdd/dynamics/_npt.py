@@ -103,6 +103,11 @@ class MTKNPT(BaseDynamics):
     The integrator owns the cell: from the first step on it keeps a float64
     host copy and writes ``batch.cell`` from it (bit-identical on every rank
     under DD).
+
+    ``pressure_bar`` may be changed between steps (the next step reads it).
+    Setting ``temperature_K``, ``tau_t_fs``, ``tau_p_fs`` or ``cell_dof``
+    restarts the integrator at the next step, as a new ``MTKNPT`` from the
+    current state would start: fresh chains, zero cell momentum.
     """
 
     def __init__(
@@ -159,6 +164,7 @@ class MTKNPT(BaseDynamics):
         self._counts: Array | None = None
         self._w: Array | None = None  # barostat mass, (S,)
         self._cell: Array | None = None  # the cell (host, float64; the batch gets copies)
+        self._started_bath = self._bath()
 
     # ------------------------------------------------------------ quantities
     @property
@@ -257,6 +263,7 @@ class MTKNPT(BaseDynamics):
             setattr(self, name, None if value is None else host(value).copy())
         if self.thermostat is not None and self.p_cell is None:
             raise ConfigurationError("MTKNPT: the saved state has chains but no cell momentum")
+        self._started_bath = self._bath()
 
     # --------------------------------------------------------------- set-up
     def _reduce(self) -> StepSums:
@@ -299,6 +306,7 @@ class MTKNPT(BaseDynamics):
         self._counts = n
         self._cell = host(self.batch.cell)
         self.p_cell = np.zeros((n.shape[0],) if iso else (n.shape[0], 3, 3))
+        self._started_bath = self._bath()
 
     # ---------------------------------------------------------- the pieces
     def _cell_k2(self) -> Array:
@@ -383,7 +391,14 @@ class MTKNPT(BaseDynamics):
         self.batch = b.replace(positions=pos, cell=_device(self._cell, b))
 
     # ------------------------------------------------------------- the step
+    def _bath(self) -> tuple[Any, ...]:
+        """What the chains and the barostat mass are made of (not the pressure,
+        which every step reads)."""
+        return (self.temperature_K, self.tau_t_fs, self.tau_p_fs, self.cell_dof, self._chains)
+
     def pre_update(self) -> None:
+        if self.p_cell is not None and self._bath() != self._started_bath:
+            self.p_cell = None  # a new target (annealing): a fresh start at this step
         if self.p_cell is None:
             self._start()
         half = 0.5 * self.dt
