@@ -6,9 +6,10 @@ triclinic, thin), boundaries (periodic, slab, wire, open; open axes with a zero
 cell vector or not), a phase and temperature, an integrator (velocity Verlet,
 Langevin, FIRE, Nose-Hoover NVT, MTK NPT isotropic or full), 2 to 4 ranks with
 or without a fixed grid, a skin from 0 to 1 A, load balancing, migration
-hysteresis, a wider ghost width, HALO or GRAPH_PARTITION, and a hook of any
-scope. :func:`check` runs the case under ``DomainParallel`` and in one process
-and compares, by atom id: the final state, every hook call's state, the step
+hysteresis, a wider ghost width, HALO or GRAPH_PARTITION, a hook of any
+scope, and (HALO, 30 % of seeds) a checkpoint at a random step with the rest
+of the run restarted from it in a new ``DomainParallel``. :func:`check` runs
+the case under ``DomainParallel`` and in one process and compares, by atom id: the final state, every hook call's state, the step
 count and the return value (fp64: positions 1e-8 A, forces and energy 1e-10
 relative; fp32: 1e-3, 1e-4, 1e-5).
 
@@ -24,8 +25,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from typing import Any
@@ -102,7 +106,7 @@ def random_case(seed: int) -> dict[str, Any]:
         if model.startswith("lj")
         else r.choice([(18,), (18, 36)])
     )
-    return {
+    case = {
         "seed": seed,
         "model": model,
         "cutoff": cutoff,
@@ -130,6 +134,13 @@ def random_case(seed: int) -> dict[str, Any]:
         "one_rank": r.random() < 0.08,
         "stage": r.choice(["after_step", "after_compute", "before_step"]),
     }
+    # drawn from a second stream, so that adding it left every other choice of
+    # a seed as it was: a checkpoint at a random step, and the rest of the run
+    # from it in a new DomainParallel (HALO only: GRAPH_PARTITION refuses)
+    extra = random.Random(seed * 13 + 7)
+    restart = extra.random() < 0.3 and case["strategy"] == "halo" and steps > 1
+    case["restart_at"] = extra.randrange(1, steps) if restart else None
+    return case
 
 
 def min_dist(pos: torch.Tensor, cell: torch.Tensor, pbc: list[bool]) -> float:
@@ -269,6 +280,30 @@ def _rec(batch: Batch) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- bodies
+def _hooks(dp: Any, c: dict[str, Any], series: list[Any], local_e: list[float]) -> None:
+    if not c["every"]:
+        return
+    stage = HookStage(c.get("stage", "after_step"))
+    sc = {"rank_zero": HookScope.RANK_ZERO, "global": HookScope.GLOBAL, "local": HookScope.LOCAL}[
+        c["hooks_scope"]
+    ]
+    if sc is HookScope.LOCAL:
+        dp.register_hook(
+            stage,
+            lambda ctx: local_e.append(float(ctx.batch.energy.double().sum())),
+            every=c["every"],
+            needs=["energy"],
+        )
+    else:
+        dp.register_hook(
+            stage,
+            lambda ctx: series.append({"step": ctx.step, **_rec(ctx.batch)}),
+            every=c["every"],
+            scope=sc,
+            needs=["energy"],
+        )
+
+
 def dd_body(c: dict[str, Any]) -> dict[str, Any]:
     b = build_batch(c)
     model = build_model(c)
@@ -293,35 +328,28 @@ def dd_body(c: dict[str, Any]) -> dict[str, Any]:
     )
     series: list[dict[str, Any]] = []
     local_e: list[float] = []
+    restart_at = c.get("restart_at")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with DomainParallel(dyn, cfg) as dp:
             dp.partition()
-            if c["every"]:
-                sc = {
-                    "rank_zero": HookScope.RANK_ZERO,
-                    "global": HookScope.GLOBAL,
-                    "local": HookScope.LOCAL,
-                }[c["hooks_scope"]]
-                if sc is HookScope.LOCAL:
-                    dp.register_hook(
-                        HookStage(c.get("stage", "after_step")),
-                        lambda ctx: local_e.append(float(ctx.batch.energy.double().sum())),
-                        every=c["every"],
-                        needs=["energy"],
-                    )
-                else:
-                    dp.register_hook(
-                        HookStage(c.get("stage", "after_step")),
-                        lambda ctx: series.append({"step": ctx.step, **_rec(ctx.batch)}),
-                        every=c["every"],
-                        scope=sc,
-                        needs=["energy"],
-                    )
-            res = dp.run(c["steps"])
-            final = dp.gather(0)
-            stats = dp.stats
-            steps_done = dyn.step_count
+            _hooks(dp, c, series, local_e)
+            if restart_at is None:
+                res = dp.run(c["steps"])
+                final, stats, steps_done = dp.gather(0), dp.stats, dyn.step_count
+            else:
+                dp.run(restart_at)
+                path = os.path.join(tempfile.gettempdir(), f"nvdd-fuzz-{c['seed']}-{os.getppid()}")
+                dp.save(path)
+        if restart_at is not None:  # the rest of the run from the checkpoint
+            dyn = build_dyn(c, build_model(c), build_batch(c))
+            with DomainParallel(dyn, cfg) as dp:
+                dp.load(path)
+                _hooks(dp, c, series, local_e)
+                res = dp.run(c["steps"] - restart_at)
+                final, stats, steps_done = dp.gather(0), dp.stats, dyn.step_count
+            if dp.rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
     if final is None:
         return {"migrated": stats.migrated, "n_local": int(dyn.batch.n_atoms)}
     return {

@@ -5,7 +5,8 @@ Langevin, FIRE, Nose-Hoover NVT, MTK NPT isotropic and full cell), every model
 (Lennard-Jones fp64 and fp32, the MPNN with 2 and 3 layers), periodic, slab,
 wire and open boundaries (with and without a zero cell vector on an open axis),
 cubic, orthorhombic, triclinic and thin cells, 2 to 4 ranks, a zero skin, load
-balancing, HALO and GRAPH_PARTITION and hooks of every scope. A longer campaign
+balancing, HALO and GRAPH_PARTITION, hooks of every scope and a checkpoint and
+restart in the middle of the run (Nose-Hoover and NPT). A longer campaign
 (any seeds) is the module's command line (``it_fuzz.py``).
 """
 
@@ -17,8 +18,9 @@ from it_fuzz import check, random_case
 pytestmark = pytest.mark.gloo
 
 #: The first eight cover every choice; 3241 found equal quantile cuts (an empty
-#: box), 3702 FIRE stepping from a converged structure along force noise.
-SEEDS = [4, 654, 482, 329, 144, 42, 139, 15, 3241, 3702]
+#: box), 3702 FIRE stepping from a converged structure along force noise; 4021
+#: (NVT-NH) and 4027 (NPT, full cell) restart from a checkpoint mid-run.
+SEEDS = [4, 654, 482, 329, 144, 42, 139, 15, 3241, 3702, 4021, 4027]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
