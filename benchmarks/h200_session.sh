@@ -15,7 +15,8 @@
 #        trace, profiler ranges of forced rebuilds, every GPU test and the NCCL
 #        suite with the halo forced), h1cueq (MACE with cuEquivariance, until OOM),
 #        h1ens (the ensembles' integrators on one GPU: NVE, NVT-NH, NPT),
-#        h1graphtests (the CUDA-graph integration tests on one GPU),
+#        h1graphtests (the CUDA-graph integration tests on one GPU), h1pool
+#        (A/B of the capture's memory pools: rebuild cycles, halo forced),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -236,6 +237,17 @@ h1cueq)
     timeout ${CUEQ_TIMEOUT:-280} python3 benchmarks/bench_mace.py --device cuda --modes plain dd1 --dtypes $dt --cueq on \
       --start-cells 24 --doublings ${CUEQ_DOUBLINGS:-3} --steps 5 --warmup 2 --json "$out/cueq_$dt.json" 2>&1 | quiet \
       | grep -v "UserWarning\|warn\|_Jd, _W3j\|torch.tensor(atomic\|^ \|^~\|^$\|Call using\|reshape\|cat = \|Traceback\|OutOfMemoryError: CUDA"
+  done
+  ;;
+h1pool)
+  step "A/B: captures into kept GraphPools (new) vs torch.cuda.graph (old), halo forced, one GPU"
+  for c in ${POOL_CELLS:-63 32}; do
+    for leg in new old new old; do
+      flag=""; [ "$leg" = old ] && flag="--torch-capture"
+      echo "--- cells $c fp32, $leg capture"
+      timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo --cells $c --dtype float32 \
+        --warmup 30 --steps 5 --trace 200 $flag 2>&1 | quiet | grep -A2 "trace ("
+    done
   done
   ;;
 h1graphtests)

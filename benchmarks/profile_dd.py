@@ -71,6 +71,28 @@ def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
     }
 
 
+def _torch_capture() -> None:
+    """The capture as it was before GraphPool (A/B legs): ``torch.cuda.graph``,
+    a new private pool per capture and ``empty_cache`` before each."""
+    import gc
+
+    from nvdd.core import _capture
+
+    def capture(self: Any, body: Any) -> Any:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with _capture._activate(None) as active:
+                with torch.cuda.graph(self._graph):
+                    body()
+                return active.callbacks
+        finally:
+            if enabled:
+                gc.enable()
+
+    _capture.CudaStepGraph.capture = capture  # type: ignore[method-assign]
+
+
 def _rank(
     cells: int,
     device: str,
@@ -85,6 +107,7 @@ def _rank(
     ranges: int = 0,
     forced: int = 0,
     trace: int = 0,
+    torch_capture: bool = False,
 ) -> dict[str, Any]:
     import torch.distributed as dist
     from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
@@ -92,6 +115,8 @@ def _rank(
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 
     warnings.simplefilter("ignore")
+    if torch_capture:
+        _torch_capture()
     rank = dist.get_rank()
     cuda = device == "cuda"
     dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
@@ -108,6 +133,9 @@ def _rank(
         dist.barrier()
         if trace:
             out["trace"] = _trace(dp, dyn, trace, sync)
+            if cuda:  # what the allocator holds after the traced rebuild cycles
+                out["trace"]["reserved_mb"] = torch.cuda.memory_reserved() / 2**20
+                out["trace"]["max_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
         steady, rebuild = [], []
         for _ in range(steps):
             before = dp.stats.rebuilds
@@ -359,6 +387,11 @@ def main() -> None:
         help="time N steps one by one first, tagged rebuild / capture / replay / eager",
     )
     p.add_argument("--halo", action="store_true", help="one rank: the halo path anyway")
+    p.add_argument(
+        "--torch-capture",
+        action="store_true",
+        help="capture with torch.cuda.graph as before GraphPool (an A/B leg)",
+    )
     p.add_argument("--shapes", action="store_true", help="also a table by input shapes")
     p.add_argument("--python", action="store_true", help="also host time per nvdd function")
     p.add_argument("--warmup", type=int, default=20, help="steps before the timed window")
@@ -394,10 +427,12 @@ def main() -> None:
     backend = "nccl" if args.device == "cuda" else "gloo"
     res = spawn_ranks(
         _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.halo, args.shapes, args.python,
-        args.warmup, args.breakdown, args.steady_window, args.ranges, args.forced, args.trace, backend=backend, timeout_s=900, start_method="spawn",
+        args.warmup, args.breakdown, args.steady_window, args.ranges, args.forced, args.trace,
+        args.torch_capture, backend=backend, timeout_s=900, start_method="spawn",
     )  # fmt: skip
     print(f"### profile_dd.py --device {args.device} --world {args.world} --cells {args.cells} "
-          f"--dtype {args.dtype} --steps {args.steps}{' --halo' if args.halo else ''}")  # fmt: skip
+          f"--dtype {args.dtype} --steps {args.steps}{' --halo' if args.halo else ''}"
+          f"{' --torch-capture' if args.torch_capture else ''}")  # fmt: skip
     for r, out in enumerate(res):
         if "trace" in out:
             t = out["trace"]
@@ -408,6 +443,9 @@ def main() -> None:
                 f"{t['extra_per_rebuild_ms']:.1f} ms over replayed steps ({t['replay_ms']:.2f})"
             )
             print(f"   {t['sequence']}")
+            if "reserved_mb" in t:
+                print(f"   allocator: {t['reserved_mb']:.0f} MiB reserved after the trace, "
+                      f"{t['max_reserved_mb']:.0f} MiB at most")  # fmt: skip
         print(f"rank {r}: {out['owned']:,d} owned, {out['ghosts']:,d} ghosts; steady step "
               f"{out['steady_ms']:.2f} ms (median), rebuild step {out['rebuild_ms']:.2f} ms "
               f"({out['rebuilds']} in {out['steps']}); synchronised phases "

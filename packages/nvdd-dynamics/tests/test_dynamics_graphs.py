@@ -339,3 +339,40 @@ def test_a_split_decision_that_raises_drops_the_graphs() -> None:
         dyn.run(60)
     assert dyn.graphs.replays > 0  # the 12th decision came after replays
     assert not dyn.graphs.active and "decision raised" in (dyn.graphs.last_drop or "")
+
+
+def test_each_role_recaptures_into_its_own_kept_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every head (or whole step) is captured into one memory pool and every
+    tail into another, both kept across rebuilds; a graph is captured into a
+    pool only once the previous graph of that role is no longer held (so no two
+    replayable graphs share memory)."""
+    import sys
+
+    import nvdd.dynamics._graph_step as graph_step
+
+    made: list[tuple[str, Any]] = []
+    holders: list[Any] = []
+    real = graph_step.make_step_graph
+
+    def recording(device: torch.device, pool: Any = None) -> Any:
+        graphs = holders[0]
+        caller = sys._getframe(1).f_code.co_name  # run_step: a head; _capture_split: a tail
+        role = "tail" if caller == "_capture_split" else "head"
+        held = graphs._tail if role == "tail" else graphs._graph
+        assert held is None, f"a {role} graph was captured while the last one is held"
+        made.append((role, pool))
+        return real(device, pool)
+
+    monkeypatch.setattr(graph_step, "make_step_graph", recording)
+    dyn = VelocityVerlet(Springs(k=2.0), _batch(seed=3), dt_fs=1.5, cuda_graphs=True)
+    holders.append(dyn.graphs)
+    dyn.force_provider = SplitProvider(dyn.model)
+    with emulated_capture():
+        dyn.run(60)
+    assert dyn.graphs.drops >= 2
+    pools = {role: {id(p) for r, p in made if r == role} for role in ("head", "tail")}
+    count = {role: sum(r == role for r, _ in made) for role in ("head", "tail")}
+    assert count["head"] >= 3 and count["tail"] >= 2, made
+    assert len(pools["head"]) == 1 and len(pools["tail"]) == 1
+    assert pools["head"] != pools["tail"]
+    assert all(p is not None and p.device == dyn.batch.device for _, p in made)

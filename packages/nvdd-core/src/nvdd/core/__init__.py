@@ -7,6 +7,7 @@ from nvdd.core._capture import (
     CaptureError,
     CudaStepGraph,
     EmulatedStepGraph,
+    GraphPool,
     StepGraph,
     after_replay,
     can_capture,
@@ -62,6 +63,7 @@ from nvdd.core._strain import (
     skin_exceeded,
 )
 from nvdd.core._sum_by_system import ONE_HOT_SYSTEMS, sum_by_system
+from nvdd.core._warp_stream import warp_stream
 from nvdd.core._watchdog import (
     DEFAULT_WATCHDOG_S,
     WATCHDOG_ENV,
@@ -89,6 +91,7 @@ __all__ = [
     "CudaStepGraph",
     "DistributedEnv",
     "EmulatedStepGraph",
+    "GraphPool",
     "ModelOutputs",
     "ONE_HOT_SYSTEMS",
     "NvddError",
@@ -135,4 +138,5 @@ __all__ = [
     "skin_exceeded",
     "spawn_ranks",
     "sum_by_system",
+    "warp_stream",
 ]

@@ -35,6 +35,7 @@ emulation cannot see them (the no-host-sync guard tests count those).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ __all__ = [
     "CaptureError",
     "CudaStepGraph",
     "EmulatedStepGraph",
+    "GraphPool",
     "StepGraph",
     "after_replay",
     "can_capture",
@@ -132,13 +134,71 @@ def _activate(recorder: _Recorder | None) -> Iterator[_Active]:
         _local.active = None
 
 
+#: A capture empties torch's allocator cache first only when less than this
+#: fraction of the device's memory is free (module notes, "Memory").
+TIGHT_MEMORY_FRACTION = 0.25
+
+
+class GraphPool:
+    """Device memory that successive captures of one role share.
+
+    ``torch.cuda.graph`` gives every capture a new private memory pool and
+    empties the allocator's cache before it starts; a step that is captured
+    again after every halo rebuild then pays ``cudaFree`` for the cache and
+    ``cudaMalloc`` for the buffers of the next eager step and of the new
+    capture. A :class:`GraphPool` hands every capture of its role the same pool,
+    so a new capture reuses the blocks its predecessor held. Only one graph of
+    a pool may be replayed at a time (the owner drops the old graph before
+    capturing the new one); graphs that are replayed in the same step need
+    pools of their own.
+
+    The pool is a ``torch.cuda.graph_pool_handle()`` kept alive by the graph
+    last captured into it (held here, never replayed): torch frees a graph
+    pool, and forgets its id, when its last graph goes, after which a capture
+    into that id fails (torch 2.11 asserts in its host allocator; a
+    ``torch.cuda.MemPool`` did the same). Elsewhere it is a token the emulation
+    records.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self._handle: Any = None
+        self._last: Any = None
+
+    def handle(self) -> Any:  # pragma: no cover - CUDA only
+        """The pool id for ``capture_begin``."""
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+    def hold(self, graph: Any) -> None:
+        """Keep ``graph`` (just captured into this pool) as the pool's keeper; the
+        previous keeper, dropped by its owner, is released."""
+        self._last = graph
+
+
+_capture_streams: dict[int, Any] = {}
+
+
+def _capture_stream(device: torch.device) -> Any:  # pragma: no cover - CUDA only
+    """One side stream per device for every capture (as ``torch.cuda.graph``
+    keeps one): Warp maps it to one stream of its own."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _capture_streams.get(index)
+    if stream is None:
+        stream = _capture_streams[index] = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]
+    return stream
+
+
 class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStepGraph)
-    """A ``torch.cuda.CUDAGraph`` of one step (captured on a side stream)."""
+    """A ``torch.cuda.CUDAGraph`` of one step (captured on a side stream, into
+    ``pool`` when given: :class:`GraphPool`)."""
 
     executes_on_capture = False
 
-    def __init__(self) -> None:
+    def __init__(self, pool: GraphPool | None = None) -> None:
         self._graph = torch.cuda.CUDAGraph()
+        self.pool = pool
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
         # The garbage collector stays off while the stream captures: a collection
@@ -146,20 +206,43 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
         # array or stream, an event), which invalidates the whole capture
         # ("operation not permitted when stream is capturing"; seen on an H200
         # in 2 of 3 pytest runs of the graph tests, never with the collector
-        # paused). ``torch.cuda.graph`` collects once before it starts.
+        # paused).
+        device = torch.device("cuda", torch.cuda.current_device())
+        if self.pool is not None:
+            device = self.pool.device
+        pool_id = self.pool.handle() if self.pool is not None else None
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        if free < TIGHT_MEMORY_FRACTION * total:
+            torch.cuda.empty_cache()  # (what torch.cuda.graph does every time)
         enabled = gc.isenabled()
         gc.disable()
+        stream = _capture_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
         try:
-            with _activate(None) as active:
+            with _activate(None) as active, torch.cuda.stream(stream):
                 try:
-                    with torch.cuda.graph(self._graph):
+                    if pool_id is None:
+                        self._graph.capture_begin()
+                    else:
+                        self._graph.capture_begin(pool=pool_id)
+                    try:
                         body()
+                    except BaseException:
+                        # end the capture; the body's error is the one to see
+                        with contextlib.suppress(RuntimeError):
+                            self._graph.capture_end()
+                        raise
+                    self._graph.capture_end()
+                    if self.pool is not None:
+                        self.pool.hold(self._graph)
                 except CaptureError:
                     raise
                 except RuntimeError as exc:
                     raise CaptureError(f"CUDA graph capture failed: {exc}") from exc
                 return active.callbacks
         finally:
+            torch.cuda.current_stream(device).wait_stream(stream)
             if enabled:
                 gc.enable()
 
@@ -238,8 +321,9 @@ class EmulatedStepGraph:
 
     executes_on_capture = True
 
-    def __init__(self) -> None:
+    def __init__(self, pool: GraphPool | None = None) -> None:
         self._ops: list[Callable[[], None]] = []
+        self.pool = pool  # (recorded only: tests check which captures share one)
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
         recorder = _Recorder()
@@ -281,11 +365,12 @@ def can_capture(device: torch.device) -> bool:
     return device.type == "cuda" or bool(getattr(_emulate, "on", False))
 
 
-def make_step_graph(device: torch.device) -> StepGraph | None:
+def make_step_graph(device: torch.device, pool: GraphPool | None = None) -> StepGraph | None:
     """The step graph for ``device``: a CUDA graph on CUDA, the emulation inside
-    :func:`emulated_capture`, else None (nothing to capture)."""
+    :func:`emulated_capture`, else None (nothing to capture). ``pool``: the
+    memory it shares with earlier captures of its role (:class:`GraphPool`)."""
     if getattr(_emulate, "on", False):
-        return EmulatedStepGraph()
+        return EmulatedStepGraph(pool)
     if device.type == "cuda":  # pragma: no cover - CUDA only
-        return CudaStepGraph()
+        return CudaStepGraph(pool)
     return None

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import warp as wp
 
-from nvdd.core import ConfigurationError, capturing, record_launch
+from nvdd.core import ConfigurationError, capturing, record_launch, warp_stream
 from nvdd.dynamics._nose_hoover import (
     CHAIN_FIELDS,
     MAX_CHAIN_LOOPS,
@@ -179,7 +179,7 @@ class DeviceNoseHooverChain:
 
     def _run(self, launch: Any, dt: float, n: int) -> None:
         if self.device.type == "cuda":
-            launch.launch(stream=_stream(torch.cuda.current_stream(self.device)))
+            launch.launch(stream=warp_stream(torch.cuda.current_stream(self.device)))
         elif self.device.type == "cpu":
             launch.launch()
         else:  # a test's fake device: a plain launch, which its checks see
@@ -238,15 +238,3 @@ class DeviceNoseHooverChain:
                 )
             getattr(chain, name).copy_(torch.from_numpy(value))
         return chain
-
-
-_STREAMS: dict[int, Any] = {}
-
-
-def _stream(stream: torch.cuda.Stream) -> Any:  # pragma: no cover - CUDA only
-    """Warp's view of a torch CUDA stream (cached by handle)."""
-    handle = int(stream.cuda_stream)
-    found = _STREAMS.get(handle)
-    if found is None:
-        found = _STREAMS[handle] = _wp.stream_from_torch(stream)
-    return found

@@ -56,6 +56,14 @@ Dropping the graph
     is steady again. A capture that fails on CUDA disables capture for this
     integrator with a warning (the step then runs eagerly); under
     :func:`~nvdd.core.emulated_capture` it raises (a test wants to see it).
+
+Memory
+    Each role (the head or whole step, and the tail) captures into its own
+    :class:`nvdd.core.GraphPool`, kept for the life of the integrator: the
+    graph captured after a rebuild reuses the memory of the one it replaces,
+    and no capture empties torch's allocator cache (``torch.cuda.graph`` does
+    both the other way: a new pool per capture, and ``empty_cache`` before it).
+    The head and the tail are replayed in one step, so they never share a pool.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ from nvdd.core import (
     PER_SYSTEM_FIELDS,
     Batch,
     CaptureError,
+    GraphPool,
     StepGraph,
     can_capture,
     make_step_graph,
@@ -173,6 +182,9 @@ class StepGraphs:
         self._callbacks: list[Callable[[], bool]] = []
         self._outputs: dict[str, torch.Tensor] = {}
         self._next_step = -1
+        # one memory pool per role, kept across recaptures (GraphPool): the head
+        # (or whole step) and the tail are replayed in the same step, so apart
+        self._pools: dict[str, GraphPool] = {}
 
     @property
     def active(self) -> bool:
@@ -237,7 +249,7 @@ class StepGraphs:
         if self._streak < WARMUP_STEPS:
             self._streak += 1
             return False
-        graph = make_step_graph(self.dyn.batch.device)
+        graph = make_step_graph(self.dyn.batch.device, self._pool("head"))
         if graph is None:
             return False
         split = self.dyn.force_provider
@@ -246,6 +258,14 @@ class StepGraphs:
         return self._capture(graph)
 
     # ------------------------------------------------------------ internals
+    def _pool(self, role: str) -> GraphPool:
+        """The memory pool of ``role`` ("head": the whole step or its head;
+        "tail"). Every graph of a role is dropped before the next is captured."""
+        pool = self._pools.get(role)
+        if pool is None or pool.device != self.dyn.batch.device:
+            pool = self._pools[role] = GraphPool(self.dyn.batch.device)
+        return pool
+
     def _bind_inputs(self) -> bool:
         """Make the batch's tensors the static ones (copying values in); False
         when a change is structural (the graph must go)."""
@@ -342,7 +362,7 @@ class StepGraphs:
             self._rebuilt = True
             return True
         after_head = dyn.batch
-        tail = make_step_graph(dyn.batch.device)
+        tail = make_step_graph(dyn.batch.device, self._pool("tail"))
         try:
             if tail is None:  # pragma: no cover - the head's device gave a graph
                 raise CaptureError("no graph for the tail of the step")

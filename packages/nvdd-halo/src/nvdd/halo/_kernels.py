@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import warp as wp
 
-from nvdd.core import ValidationError
+from nvdd.core import ValidationError, warp_stream
 from nvdd.halo._warp_kernels import (
     COUNT_LIMIT,
     MAX_IMAGE_SPAN,
@@ -93,8 +93,6 @@ def _check(
 #: H200, a replayed one about 28 us (``benchmarks/micro_warp_launch.py``); the
 #: fold runs once per multi-rank step.
 _RECORDED: dict[tuple[Any, ...], tuple[Any, list[object], Any]] = {}
-#: Warp's view of each torch CUDA stream, by handle.
-_STREAMS: dict[int, Any] = {}
 
 
 def _identity(x: object) -> object:
@@ -137,12 +135,7 @@ def _launch(
             cmd.set_dim(dim)
             _RECORDED[key] = (cmd, held, dim)
     if device.type == "cuda":
-        torch_stream = torch.cuda.current_stream(device)
-        stream = _STREAMS.get(int(torch_stream.cuda_stream))
-        if stream is None:
-            stream = _wp.stream_from_torch(torch_stream)
-            _STREAMS[int(torch_stream.cuda_stream)] = stream
-        found[0].launch(stream=stream)
+        found[0].launch(stream=warp_stream(torch.cuda.current_stream(device)))
     else:
         found[0].launch()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import ConfigurationError, capturing, record_launch
+from nvdd.core import ConfigurationError, capturing, record_launch, warp_stream
 
 __all__ = ["Kernel", "declare_overloads", "warp_module"]
 
@@ -153,7 +153,7 @@ class Kernel:
                 self._records[signature] = (launch, old_keys, dim)
         launch = record[0]
         if device.type == "cuda":
-            launch.launch(stream=_stream(torch.cuda.current_stream(device)))
+            launch.launch(stream=warp_stream(torch.cuda.current_stream(device)))
         else:
             launch.launch()
         if capturing():  # an emulated step capture replays this launch (a CUDA one records it)
@@ -187,16 +187,3 @@ def _to_warp(wp: Any, value: object) -> object:
     if isinstance(value, torch.Tensor):
         return wp.from_torch(value, requires_grad=False)
     return value
-
-
-_STREAMS: dict[int, Any] = {}
-
-
-def _stream(stream: torch.cuda.Stream) -> Any:  # pragma: no cover - CUDA only
-    """Warp's view of a torch CUDA stream (cached by handle)."""
-    handle = int(stream.cuda_stream)
-    found = _STREAMS.get(handle)
-    if found is None:
-        found = warp_module().stream_from_torch(stream)
-        _STREAMS[handle] = found
-    return found
