@@ -105,7 +105,19 @@ def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
     config = LJConfig(
         cutoff=8.5, epsilon=AR_EPSILON, sigma=AR_SIGMA, skin=SKIN, half_list=half_list
     )
-    return LennardJones(config).to(device=device, dtype=dtype)
+    model = LennardJones(config).to(device=device, dtype=dtype)
+    per_cutoff = os.environ.get(CELLS_PER_CUTOFF_ENV)
+    if per_cutoff:  # an A/B leg of the device list's cell size (bench_neighbors.py)
+        from nvdd.models._device_neighbors import DeviceVerletList
+
+        model._warp.neighbors = DeviceVerletList(
+            config.cutoff, SKIN, half=half_list, cells_per_cutoff=int(per_cutoff)
+        )
+    return model
+
+
+#: Cells per search radius of the LJ model's device list (unset: the model's own).
+CELLS_PER_CUTOFF_ENV = "NVDD_BENCH_CELLS_PER_CUTOFF"
 
 
 def _sync(device: str) -> None:

@@ -17,6 +17,7 @@
 #        h1ens (the ensembles' integrators on one GPU: NVE, NVT-NH, NPT),
 #        h1graphtests (the CUDA-graph integration tests on one GPU), h1pool
 #        (A/B of the capture's memory pools: rebuild cycles, halo forced),
+#        h1cells (the device list's cells per search radius: builds and LJ steps),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -247,6 +248,18 @@ h1pool)
       echo "--- cells $c fp32, $leg capture"
       timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo --cells $c --dtype float32 \
         --warmup 30 --steps 5 --trace 200 $flag 2>&1 | quiet | grep -A2 "trace ("
+    done
+  done
+  ;;
+h1cells)
+  step "Device list build by cells per search radius, against the peer's cell list (half lists, 9.5 A)"
+  timeout 200 python3 benchmarks/bench_neighbors.py --device cuda --cells 32 63 100 --dtype float32 float64 \
+    --json "$out/neighbors.json" 2>&1 | quiet
+  for c in ${CELLS_SIZES:-63 100}; do
+    for k in 1 2; do
+      step "LJ fp32, cells $c, device list with $k cell(s) per search radius (bench_dp, one GPU, peer in the same run)"
+      NVDD_BENCH_CELLS_PER_CUTOFF=$k timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells $c \
+        --dtype float32 --steps 100 --warmup 20 --worlds 1 --json "$out/dp_c${k}_$c.json" 2>&1 | quiet
     done
   done
   ;;

@@ -1,0 +1,114 @@
+"""The device neighbour list's build against the peer's cell list, by cell size.
+
+ms per build of the half list at the LJ search radius (cutoff + skin = 9.5 A)
+on FCC argon, every atom moved by a random 0.7 A between builds (the first call
+compiles, allocates and sizes; it is not timed). Legs: ``DeviceVerletList`` with
+1, 2 and 3 cells per search radius (``cells_per_cutoff``), and the
+nvalchemi-toolkit-ops cell list (``half_fill=True``) when it is installed.
+
+    python benchmarks/bench_neighbors.py --device cuda --cells 32 63 100 --dtype float32 float64
+    python benchmarks/bench_neighbors.py --cells 6            # CPU smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _timed(fn: Any, first: torch.Tensor, moved: list[torch.Tensor], sync: Any) -> float:
+    fn(first)
+    sync()
+    t0 = time.perf_counter()
+    for pos in moved:
+        fn(pos)
+    sync()
+    return 1000 * (time.perf_counter() - t0) / len(moved)
+
+
+def legs(
+    cells: int, device: str, dtype_name: str, repeats: int, per_cutoff: list[int]
+) -> dict[str, Any]:
+    from bench_dp import CUTOFF, SKIN, _system
+
+    from nvdd.models._device_neighbors import DeviceVerletList
+
+    dtype = getattr(torch, dtype_name)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    batch = _system(cells, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    moved = [
+        batch.positions
+        + (0.7 * torch.randn(batch.positions.shape, generator=gen, dtype=dtype)).to(device)
+        for _ in range(repeats)
+    ]
+    out: dict[str, Any] = {
+        "cells": cells,
+        "atoms": int(batch.positions.shape[0]),
+        "dtype": dtype_name,
+    }
+    counts = {}
+    for k in per_cutoff:
+        search = DeviceVerletList(CUTOFF["lj"], SKIN, half=True, cells_per_cutoff=k)
+
+        def call(pos: torch.Tensor, s: Any = search) -> Any:
+            return s(pos, batch.cell, batch.pbc, batch.system_index)
+
+        out[f"nvdd_c{k}_ms"] = _timed(call, batch.positions, moved, sync)
+        m = call(moved[-1])  # (reused: the same positions)
+        counts[k] = int(m.counts.clamp(min=0).sum())
+    out["pairs_equal"] = len(set(counts.values())) == 1
+    try:
+        from nvalchemiops.torch.neighbors import neighbor_list
+    except ImportError:
+        return out
+    cell = batch.cell.reshape(1, 3, 3).contiguous()
+    pbc = torch.ones(1, 3, dtype=torch.bool, device=device)
+    out["peer_ms"] = _timed(
+        lambda pos: neighbor_list(
+            pos, cutoff=CUTOFF["lj"] + SKIN, cell=cell, pbc=pbc, method="cell_list", half_fill=True
+        ),
+        batch.positions,
+        moved,
+        sync,
+    )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cells", type=int, nargs="+", default=[6])
+    p.add_argument("--dtype", nargs="+", default=["float32"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--per-cutoff", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    rows = []
+    for dtype in args.dtype:
+        for cells in args.cells:
+            row = legs(cells, args.device, dtype, args.repeats, args.per_cutoff)
+            rows.append(row)
+            print(
+                f"{row['atoms']:>10,d} atoms {dtype}: "
+                + ", ".join(
+                    f"{k.removesuffix('_ms')} {v:.2f}" for k, v in row.items() if k.endswith("_ms")
+                )
+                + f" ms per build; pair counts equal across cell sizes: {row['pairs_equal']}",
+                flush=True,
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
