@@ -50,6 +50,7 @@ halve the time. Ratios within one run are the result; this is not a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -225,44 +226,27 @@ def peer(
 def builds(cells: int, device: str, dtype_name: str, repeats: int = 3) -> dict[str, float]:
     """ms per neighbour build: the peer's cell list and nvdd's device list (a rebuild
     decided on the device, half and full lists), at 9.5 A on the same atoms."""
+    from bench_neighbors import moved_positions, peer_build, timed
+
     from nvdd.models._device_neighbors import DeviceVerletList
 
     dtype = getattr(torch, dtype_name)
     _reset_memory(device)
     batch = _system(cells, device, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    moved = [
-        batch.positions
-        + (0.7 * torch.randn(batch.positions.shape, generator=gen, dtype=dtype)).to(device)
-        for _ in range(repeats)
-    ]
-
-    def timed(fn: Any) -> float:
-        fn(batch.positions)  # first call: compile, allocate, size
-        _sync(device)
-        t0 = time.perf_counter()
-        for pos in moved:
-            fn(pos)
-        _sync(device)
-        return 1000 * (time.perf_counter() - t0) / repeats
-
+    moved = moved_positions(batch.positions, repeats)
+    sync = functools.partial(_sync, device)
     out: dict[str, float] = {}
     for half in (True, False):
         search = DeviceVerletList(CUTOFF["lj"], SKIN, half=half)
         out[f"nvdd_{'half' if half else 'full'}_ms"] = timed(
-            lambda pos, s=search: s(pos, batch.cell, batch.pbc, batch.system_index)
+            lambda pos, s=search: s(pos, batch.cell, batch.pbc, batch.system_index),
+            batch.positions,
+            moved,
+            sync,
         )
-    try:
-        from nvalchemiops.torch.neighbors import neighbor_list
-    except ImportError:
-        return out
-    cell = batch.cell.reshape(1, 3, 3).contiguous()
-    pbc = torch.ones(1, 3, dtype=torch.bool, device=device)
-    out["peer_ms"] = timed(
-        lambda pos: neighbor_list(
-            pos, cutoff=CUTOFF["lj"] + SKIN, cell=cell, pbc=pbc, method="cell_list", half_fill=True
-        )
-    )
+    peer = peer_build(batch, device)
+    if peer is not None:
+        out["peer_ms"] = timed(peer, batch.positions, moved, sync)
     return out
 
 

@@ -24,7 +24,18 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def _timed(fn: Any, first: torch.Tensor, moved: list[torch.Tensor], sync: Any) -> float:
+def moved_positions(positions: torch.Tensor, repeats: int) -> list[torch.Tensor]:
+    """``repeats`` copies of ``positions``, every atom moved by a random 0.7 A
+    (seeded: the same moves in every leg)."""
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    noise = [
+        0.7 * torch.randn(positions.shape, generator=gen, dtype=positions.dtype)
+        for _ in range(repeats)
+    ]
+    return [positions + n.to(positions.device) for n in noise]
+
+
+def timed(fn: Any, first: torch.Tensor, moved: list[torch.Tensor], sync: Any) -> float:
     fn(first)
     sync()
     t0 = time.perf_counter()
@@ -44,12 +55,7 @@ def legs(
     dtype = getattr(torch, dtype_name)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batch = _system(cells, device, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    moved = [
-        batch.positions
-        + (0.7 * torch.randn(batch.positions.shape, generator=gen, dtype=dtype)).to(device)
-        for _ in range(repeats)
-    ]
+    moved = moved_positions(batch.positions, repeats)
     out: dict[str, Any] = {
         "cells": cells,
         "atoms": int(batch.positions.shape[0]),
@@ -62,25 +68,34 @@ def legs(
         def call(pos: torch.Tensor, s: Any = search) -> Any:
             return s(pos, batch.cell, batch.pbc, batch.system_index)
 
-        out[f"nvdd_c{k}_ms"] = _timed(call, batch.positions, moved, sync)
+        out[f"nvdd_c{k}_ms"] = timed(call, batch.positions, moved, sync)
         m = call(moved[-1])  # (reused: the same positions)
         counts[k] = int(m.counts.clamp(min=0).sum())
     out["pairs_equal"] = len(set(counts.values())) == 1
+    peer = peer_build(batch, device)
+    if peer is not None:
+        out["peer_ms"] = timed(peer, batch.positions, moved, sync)
+    return out
+
+
+def peer_build(batch: Any, device: str) -> Any:
+    """The peer's half cell-list build at the LJ search radius on ``batch``'s cell
+    (a function of the positions), or None without nvalchemi-toolkit-ops."""
+    from bench_dp import CUTOFF, SKIN
+
     try:
         from nvalchemiops.torch.neighbors import neighbor_list
     except ImportError:
-        return out
+        return None
     cell = batch.cell.reshape(1, 3, 3).contiguous()
     pbc = torch.ones(1, 3, dtype=torch.bool, device=device)
-    out["peer_ms"] = _timed(
-        lambda pos: neighbor_list(
+
+    def build(pos: torch.Tensor) -> Any:
+        return neighbor_list(
             pos, cutoff=CUTOFF["lj"] + SKIN, cell=cell, pbc=pbc, method="cell_list", half_fill=True
-        ),
-        batch.positions,
-        moved,
-        sync,
-    )
-    return out
+        )
+
+    return build
 
 
 def main() -> None:
