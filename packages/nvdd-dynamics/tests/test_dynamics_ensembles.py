@@ -209,6 +209,21 @@ def test_the_device_chain_follows_the_host_chain() -> None:
     np.testing.assert_allclose(device_chain.p_xi.numpy(), host_chain.p_xi, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(device_chain.xi.numpy(), host_chain.xi, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(device_chain.energy(), host_chain.energy(), rtol=1e-10, atol=1e-12)
+    # both save the same checkpoint form and load each other's, shapes checked
+    saved = host_chain.state("c.")
+    for loaded in (
+        NoseHooverChain.from_state(device_chain.state("c."), "c.", 0.01, 1),
+        DeviceNoseHooverChain.from_state(saved, "c.", 0.01, 1, device="cpu"),
+    ):
+        for name, value in loaded.state("c.").items():
+            np.testing.assert_allclose(value, saved[name], rtol=1e-10, atol=1e-12)
+    bad = dict(saved, **{"c.p_xi": saved["c.p_xi"][:, :2]})
+    for load in (
+        lambda: NoseHooverChain.from_state(bad, "c.", 0.01, 1),
+        lambda: DeviceNoseHooverChain.from_state(bad, "c.", 0.01, 1, device="cpu"),
+    ):
+        with pytest.raises(ConfigurationError, match=r"p_xi has shape \(5, 2\), expected \(5, 3\)"):
+            load()
 
 
 @pytest.mark.parametrize("kind", ["nvt", "npt-full"])

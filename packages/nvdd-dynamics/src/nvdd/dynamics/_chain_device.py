@@ -21,19 +21,17 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-import numpy as np
 import torch
 import warp as wp
 
-from nvdd.core import ConfigurationError, capturing, record_launch, warp_stream
+from nvdd.core import capturing, record_launch, warp_stream
 from nvdd.dynamics._nose_hoover import (
-    CHAIN_FIELDS,
     MAX_CHAIN_LOOPS,
     SUZUKI_YOSHIDA_4,
     Array,
+    ChainState,
     chain_sub_steps,
     check_chain_constants,
-    host,
 )
 
 __all__ = ["DeviceNoseHooverChain"]
@@ -109,7 +107,7 @@ def _ready() -> bool:
     return True
 
 
-class DeviceNoseHooverChain:
+class DeviceNoseHooverChain(ChainState):
     """One Nose-Hoover chain per system, integrated on ``device`` (module notes).
 
     Parameters
@@ -156,11 +154,6 @@ class DeviceNoseHooverChain:
         self._launches: dict[float, tuple[Any, int]] = {}
         self.last_loops = self.n_loops
 
-    @property
-    def length(self) -> int:
-        """Links per chain."""
-        return int(self.masses.shape[1])
-
     def sub_steps(self, dt: float) -> int:
         """Sub-steps of a half step of ``dt`` (``NoseHooverChain.sub_steps``)."""
         return chain_sub_steps(self.n_dof, self.masses, self.kT, dt, self.n_loops, self.max_loops)
@@ -204,21 +197,6 @@ class DeviceNoseHooverChain:
             found = self._launches[dt] = (launch, n)
         return found
 
-    def energy(self) -> Array:
-        """The chain's share of the conserved energy, shape ``(n_systems,)``
-        (host float64; reads the device)."""
-        p, xi = host(self.p_xi), host(self.xi)
-        kinetic = (0.5 * p * p / self.masses).sum(axis=1)
-        out: Array = kinetic + self.n_dof * self.kT * xi[:, 0]
-        out += self.kT * xi[:, 1:].sum(axis=1)
-        return out
-
-    def state(self, prefix: str) -> dict[str, Array]:
-        """The chain as float64 host arrays named ``prefix + ...`` (checkpoints)."""
-        return {
-            prefix + k: np.array(host(getattr(self, k)), dtype=np.float64) for k in CHAIN_FIELDS
-        }
-
     @classmethod
     def from_state(
         cls,
@@ -230,11 +208,8 @@ class DeviceNoseHooverChain:
     ) -> DeviceNoseHooverChain:
         """The chain :meth:`state` saved, on ``device``."""
         chain = cls(arrays[prefix + "n_dof"], kT, arrays[prefix + "masses"], n_loops, device=device)
-        for name in ("xi", "p_xi"):
-            value = host(arrays[prefix + name])
-            if value.shape != chain.masses.shape:
-                raise ConfigurationError(
-                    f"saved chain {name} has shape {value.shape}, expected {chain.masses.shape}"
-                )
-            getattr(chain, name).copy_(torch.from_numpy(value))
+        chain._load(arrays, prefix)
         return chain
+
+    def _store(self, name: str, value: Array) -> None:
+        getattr(self, name).copy_(torch.from_numpy(value))

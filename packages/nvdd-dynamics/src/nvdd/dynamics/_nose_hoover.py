@@ -101,7 +101,54 @@ def chain_sub_steps(
     return n
 
 
-class NoseHooverChain:
+class ChainState:
+    """What the host and the device chain share: their constants (``n_dof``,
+    ``kT``, ``masses``), the conserved-energy share and the checkpoint form.
+    ``xi`` and ``p_xi`` are host arrays or device tensors; a subclass stores a
+    loaded value with :meth:`_store`."""
+
+    n_dof: Array
+    kT: float  # noqa: N815 (the physics name, as in the constructors)
+    masses: Array
+    xi: Any
+    p_xi: Any
+
+    @property
+    def length(self) -> int:
+        """Links per chain."""
+        return int(self.masses.shape[1])
+
+    def energy(self) -> Array:
+        """The chain's share of the conserved energy, shape ``(n_systems,)``:
+        ``sum p**2 / 2Q + n_dof kT xi_1 + kT sum_{j>1} xi_j`` (host float64;
+        a device chain is read)."""
+        p, xi = host(self.p_xi), host(self.xi)
+        kinetic = (0.5 * p * p / self.masses).sum(axis=1)
+        out: Array = kinetic + self.n_dof * self.kT * xi[:, 0]
+        out += self.kT * xi[:, 1:].sum(axis=1)
+        return out
+
+    def state(self, prefix: str) -> dict[str, Array]:
+        """The chain as float64 host arrays named ``prefix + ...`` (checkpoints)."""
+        return {
+            prefix + k: np.array(host(getattr(self, k)), dtype=np.float64) for k in CHAIN_FIELDS
+        }
+
+    def _load(self, arrays: Mapping[str, Any], prefix: str) -> None:
+        """Set ``xi`` and ``p_xi`` from a saved :meth:`state` (shapes checked)."""
+        for name in ("xi", "p_xi"):
+            value = host(arrays[prefix + name])
+            if value.shape != self.masses.shape:
+                raise ConfigurationError(
+                    f"saved chain {name} has shape {value.shape}, expected {self.masses.shape}"
+                )
+            self._store(name, value)
+
+    def _store(self, name: str, value: Array) -> None:
+        setattr(self, name, value.copy())
+
+
+class NoseHooverChain(ChainState):
     """One Nose-Hoover chain per system, acting on a set of momenta.
 
     The first link couples to twice the kinetic energy ``k2`` of the momenta it
@@ -149,10 +196,6 @@ class NoseHooverChain:
         self.xi: Array = np.zeros_like(q)
         self.p_xi: Array = np.zeros_like(q)
 
-    def state(self, prefix: str) -> dict[str, Array]:
-        """The chain as float64 arrays named ``prefix + ...`` (checkpoints)."""
-        return {prefix + k: np.array(getattr(self, k), dtype=np.float64) for k in CHAIN_FIELDS}
-
     @classmethod
     def from_state(
         cls, arrays: Mapping[str, Any], prefix: str, kT: float, n_loops: int
@@ -160,27 +203,8 @@ class NoseHooverChain:
         """The chain :meth:`state` saved (``kT`` and ``n_loops`` are the
         integrator's parameters)."""
         chain = cls(arrays[prefix + "n_dof"], kT, arrays[prefix + "masses"], n_loops)
-        xi, p_xi = host(arrays[prefix + "xi"]), host(arrays[prefix + "p_xi"])
-        if xi.shape != chain.masses.shape or p_xi.shape != chain.masses.shape:
-            raise ConfigurationError(
-                f"saved chain state has shapes {xi.shape} and {p_xi.shape}, expected "
-                f"{chain.masses.shape}"
-            )
-        chain.xi, chain.p_xi = xi.copy(), p_xi.copy()
+        chain._load(arrays, prefix)
         return chain
-
-    @property
-    def length(self) -> int:
-        """Links per chain."""
-        return int(self.masses.shape[1])
-
-    def energy(self) -> Array:
-        """The chain's share of the conserved energy, shape ``(n_systems,)``:
-        ``sum p**2 / 2Q + n_dof kT xi_1 + kT sum_{j>1} xi_j``."""
-        kinetic = (0.5 * self.p_xi * self.p_xi / self.masses).sum(axis=1)
-        out: Array = kinetic + self.n_dof * self.kT * self.xi[:, 0]
-        out += self.kT * self.xi[:, 1:].sum(axis=1)
-        return out
 
     def propagate(self, k2: Any, dt: float) -> Array:
         """Advance the chains by ``dt`` (ASE time units) against momenta whose twice
