@@ -114,9 +114,13 @@ def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
         model._warp.neighbors = DeviceVerletList(
             config.cutoff, SKIN, half=half_list, cells_per_cutoff=int(per_cutoff)
         )
+    if os.environ.get(ROW_ORDER_ENV):  # an A/B leg of the build's thread order
+        model._warp.neighbors.row_order_build = os.environ[ROW_ORDER_ENV] == "1"
     return model
 
 
+#: "1" / "0": the LJ device list builds in row order / cell order (unset: the default).
+ROW_ORDER_ENV = "NVDD_BENCH_ROW_ORDER"
 #: Cells per search radius of the LJ model's device list (unset: the model's own).
 CELLS_PER_CUTOFF_ENV = "NVDD_BENCH_CELLS_PER_CUTOFF"
 

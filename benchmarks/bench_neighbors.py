@@ -4,7 +4,8 @@ ms per build of the half list at the LJ search radius (cutoff + skin = 9.5 A)
 on FCC argon, every atom moved by a random 0.7 A between builds (the first call
 compiles, allocates and sizes; it is not timed). Legs: ``DeviceVerletList`` with
 1, 2 and 3 cells per search radius (``cells_per_cutoff``), and the
-nvalchemi-toolkit-ops cell list (``half_fill=True``) when it is installed.
+nvalchemi-toolkit-ops cell list (``half_fill=True``) when it is installed; with
+one cell per radius also the build in row order (``row_order_build``, "_rows").
 
     python benchmarks/bench_neighbors.py --device cuda --cells 32 63 100 --dtype float32 float64
     python benchmarks/bench_neighbors.py --cells 6            # CPU smoke check
@@ -62,15 +63,18 @@ def legs(
         "dtype": dtype_name,
     }
     counts = {}
-    for k in per_cutoff:
+    legs = [(k, False) for k in per_cutoff] + [(k, True) for k in per_cutoff if k == 1]
+    for k, rows in legs:
         search = DeviceVerletList(CUTOFF["lj"], SKIN, half=True, cells_per_cutoff=k)
+        search.row_order_build = rows
 
         def call(pos: torch.Tensor, s: Any = search) -> Any:
             return s(pos, batch.cell, batch.pbc, batch.system_index)
 
-        out[f"nvdd_c{k}_ms"] = timed(call, batch.positions, moved, sync)
+        name = f"nvdd_c{k}{'_rows' if rows else ''}"
+        out[name + "_ms"] = timed(call, batch.positions, moved, sync)
         m = call(moved[-1])  # (reused: the same positions)
-        counts[k] = int(m.counts.clamp(min=0).sum())
+        counts[name] = int(m.counts.clamp(min=0).sum())
     out["pairs_equal"] = len(set(counts.values())) == 1
     peer = peer_build(batch, device)
     if peer is not None:

@@ -18,6 +18,7 @@
 #        h1graphtests (the CUDA-graph integration tests on one GPU), h1pool
 #        (A/B of the capture's memory pools: rebuild cycles, halo forced),
 #        h1cells (the device list's cells per search radius: builds and LJ steps),
+#        h1rows (the list build's thread order: builds, LJ steps, models GPU tests),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -262,6 +263,23 @@ h1cells)
         --dtype float32 --steps 100 --warmup 20 --worlds 1 --json "$out/dp_c${k}_$c.json" 2>&1 | quiet
     done
   done
+  ;;
+h1rows)
+  step "Device list build: threads in cell order vs row order (half lists, 9.5 A), the peer's cell list"
+  timeout 150 python3 benchmarks/bench_neighbors.py --device cuda --cells 32 63 100 --dtype float32 float64 \
+    --per-cutoff 1 --json "$out/neighbors_rows.json" 2>&1 | quiet
+  for c in ${ROWS_SIZES:-63 100}; do
+    for r in 0 1; do
+      step "LJ fp32, cells $c, build in row order: $r (bench_dp, one GPU, peer in the same run)"
+      NVDD_BENCH_ROW_ORDER=$r timeout 150 python3 benchmarks/bench_dp.py --device cuda --cells $c \
+        --dtype float32 --steps 100 --warmup 20 --worlds 1 --json "$out/dp_rows${r}_$c.json" 2>&1 | quiet \
+        | grep -E "^run|^peer|^raw|^Domain|build"
+    done
+  done
+  step "models GPU tests with every device list built in row order"
+  timeout 150 python3 -c "import sys, pytest, nvdd.models._device_neighbors as m
+m.DeviceVerletList.row_order_build = True
+sys.exit(pytest.main(['-p', 'nvdd.testing.plugin', '-q', '-m', 'gpu', '--require-gpu', '-p', 'no:cacheprovider', 'packages/nvdd-models/tests']))" 2>&1 | tail -3
   ;;
 h1graphtests)
   step "CUDA-graph integration tests on one GPU (-m gpu): replays vs eager, NVE / Langevin / NVT-NH"

@@ -599,8 +599,14 @@ def build_kernel(
     call: wp.int32,
     force: wp.int32,
     flags: wp.array(dtype=wp.int32),
+    row_slot: wp.array(dtype=wp.int32),
+    row_rank: wp.array(dtype=wp.int32),
+    row_order: wp.int32,
 ):
-    """The neighbour matrix: one thread per atom in cell order, rows ``< n_rows``.
+    """The neighbour matrix: one thread per atom, rows ``< n_rows``; threads in
+    cell order, or in row order (``row_order``: thread ``i`` builds row ``i``, so
+    neighbouring threads write neighbouring words of ``neighbors``). Each row is
+    built alike either way (the same cells, candidates and order).
 
     ``neighbors[c, i]`` (slot-major, so that neighbouring threads touch
     neighbouring words) is the ``c``-th kept neighbour of row ``i`` with
@@ -609,12 +615,19 @@ def build_kernel(
     capacity, or -1 when a shift did not fit its code; either marks the row for
     the force kernel's cell walk (no neighbour is ever silently dropped).
     """
-    p = wp.tid()
+    t = wp.tid()
     if not rebuilding(flags, call, force):
         return
-    i = sorted_row[p]
-    if i >= n_rows:
-        return
+    p = t
+    i = t
+    if row_order != 0:
+        if i >= n_rows:
+            return
+        p = slot_end[row_slot[i]] - slot_count[row_slot[i]] + row_rank[i]
+    else:
+        i = sorted_row[p]
+        if i >= n_rows:
+            return
     capacity = neighbors.shape[0]
     key_i = row_key[i]
     s = key_system(key_i)

@@ -126,7 +126,13 @@ class DeviceVerletList:
         The message of an error seen but not raised (``defer_errors``), else None.
     host_rebuilds:
         Host-side rebuilds so far (each synchronises once).
+    row_order_build:
+        Build with one thread per row in row order (coalesced writes of the
+        matrix) instead of cell order (coherent reads of the candidates); the
+        list is the same either way (class default: cell order).
     """
+
+    row_order_build: bool = False
 
     def __init__(
         self,
@@ -457,7 +463,8 @@ class DeviceVerletList:
             [state.sorted_row, state.sorted_pos, state.sorted_image, state.row_key, cell,
              state.grid, state.slot_key, state.slot_count, state.slot_end, radius * radius,
              state.n_rows, state.n_recv, int(self._half), int(state.periodic), state.neighbors,
-             state.codes, state.counts, call, f, flags],
+             state.codes, state.counts, call, f, flags, state.row_slot, state.row_rank,
+             int(self.row_order_build)],
             dev, dtype,
         )  # fmt: skip
 
