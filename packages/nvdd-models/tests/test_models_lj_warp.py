@@ -199,6 +199,35 @@ def test_a_build_in_row_order_writes_the_same_list(geometry: str, half: bool) ->
                 assert torch.equal(a, b)
 
 
+def test_the_build_order_follows_the_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default (``row_order_build = None``) lists of at least
+    ``ROW_ORDER_MIN_ROWS`` rows are built in row order, smaller ones in cell
+    order; an explicit choice wins."""
+    from nvdd.models import _device_neighbors as dn
+    from nvdd.models._warp import Kernel
+
+    batch = _geometry_batch("cubic_periodic")
+    seen: list[int] = []
+    launch = Kernel.__call__
+
+    def spy(self: Any, dim: Any, inputs: list[Any], *rest: Any) -> Any:
+        if self.kernel is dn.ck.build_kernel:
+            seen.append(inputs[-1])
+        return launch(self, dim, inputs, *rest)
+
+    monkeypatch.setattr(Kernel, "__call__", spy)
+    n = batch.n_atoms
+    orders = []
+    for threshold, choice in ((n, None), (n + 1, None), (1, False), (10**9, True)):
+        monkeypatch.setattr(dn, "ROW_ORDER_MIN_ROWS", threshold)
+        search = DeviceVerletList(CUTOFF, half=True)
+        search.row_order_build = choice
+        seen.clear()
+        search(batch.positions, batch.cell, batch.pbc, batch.system_index)
+        orders.append(set(seen))
+    assert orders == [{1}, {0}, {0}, {1}]
+
+
 def test_overflowing_rows_walk_the_cells_and_stay_exact() -> None:
     batch = _geometry_batch("cubic_periodic", seed=2)
     ref_model, model = _model("torch", skin=0.3), _model("warp", skin=0.3)
