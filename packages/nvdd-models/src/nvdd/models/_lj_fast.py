@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from nvdd.core import sum_by_system
 from nvdd.models._device_buffers import NeighborMatrix, TensorMemo
 from nvdd.models._device_neighbors import DeviceVerletList
 from nvdd.models._lj_kernels import lj_kernel
@@ -157,11 +158,7 @@ def virial_by_system(
 
     ``system_index`` covers at least the ``n_rows`` first rows.
     """
-    if n_systems == 1:
-        voigt = rows.sum(dim=0, keepdim=True)
-    else:
-        idx = system_index[: rows.shape[0]]
-        voigt = rows.new_zeros(n_systems, 6).index_add_(0, idx, rows)
+    voigt = sum_by_system(rows, system_index[: rows.shape[0]], n_systems)
     index = _VOIGT_INDEX.get(voigt.device)
     if index is None:  # built once per device: a host-to-device copy can stall the host
         index = torch.tensor(_VOIGT_TO_FULL, device=voigt.device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from nvdd.core import sum_by_system
 from nvdd.shardtensor import Scope, current_dd_context, system_sum
 
 __all__ = ["system_energy", "system_outer_sum"]
@@ -63,10 +64,7 @@ def system_energy(
         return system_sum(atom_energies, system_index, n_systems, scope=scope)
     if n_counted is not None:
         atom_energies, system_index = atom_energies[:n_counted], system_index[:n_counted]
-    if n_systems == 1:
-        return atom_energies.sum(0, keepdim=True)
-    out = atom_energies.new_zeros(n_systems)
-    return out.index_add(0, system_index, atom_energies)
+    return sum_by_system(atom_energies, system_index, n_systems)
 
 
 def system_outer_sum(
