@@ -376,3 +376,11 @@ def test_each_role_recaptures_into_its_own_kept_pool(monkeypatch: pytest.MonkeyP
     assert len(pools["head"]) == 1 and len(pools["tail"]) == 1
     assert pools["head"] != pools["tail"]
     assert all(p is not None and p.device == dyn.batch.device for _, p in made)
+    # a drop that releases (DomainParallel.close) lets the pools go: the next
+    # captures get new ones
+    before = len(made)
+    dyn.graphs.drop("the run is over", release=True)
+    with emulated_capture():
+        dyn.run(30)
+    later = {id(p) for _, p in made[before:]}
+    assert later and not later & (pools["head"] | pools["tail"])

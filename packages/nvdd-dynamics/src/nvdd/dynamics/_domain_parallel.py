@@ -380,7 +380,7 @@ class DomainParallel:
             self.model.detach()
         finally:
             dyn = self.dynamics
-            dyn.graphs.drop("DomainParallel.close")
+            dyn.graphs.drop("DomainParallel.close", release=True)
             dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
             dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
             dyn.heartbeat = None

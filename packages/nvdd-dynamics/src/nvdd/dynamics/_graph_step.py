@@ -208,8 +208,12 @@ class StepGraphs:
             return None
         return (type(dyn), own, inner)
 
-    def drop(self, reason: str) -> None:
-        """Forget the captured step (the next steps run eagerly until steady)."""
+    def drop(self, reason: str, release: bool = False) -> None:
+        """Forget the captured step (the next steps run eagerly until steady).
+        ``release``: also let go of the memory pools (kept otherwise for the
+        next capture), e.g. when the run that captured is over."""
+        if release:
+            self._pools.clear()
         if self._graph is not None:
             self.drops += 1
             self.last_drop = reason
