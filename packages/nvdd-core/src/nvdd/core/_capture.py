@@ -135,7 +135,7 @@ def _activate(recorder: _Recorder | None) -> Iterator[_Active]:
 
 
 #: A capture empties torch's allocator cache first only when less than this
-#: fraction of the device's memory is free (module notes, "Memory").
+#: fraction of the device's memory is free (:class:`GraphPool`: why not always).
 TIGHT_MEMORY_FRACTION = 0.25
 
 
