@@ -138,6 +138,9 @@ x2final)
   step "LJ 1M fp32: peer, raw, DomainParallel on 1 and 2 GPUs (domain and pbc kept on the GPU)"
   timeout 120 python3 benchmarks/bench_dp.py --device cuda --cells 63 --dtype float32 \
     --steps 100 --warmup 20 --worlds 1 2 --json "$out/x2_lj_final.json" 2>&1 | quiet
+  step "LJ 1M fp32 on 2 GPUs: 200 steps timed one by one (rebuild / capture / replay), kept graph pools"
+  timeout 120 python3 benchmarks/profile_dd.py --device cuda --world 2 --cells 63 --dtype float32 \
+    --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A2 "trace ("
   step "reference MPNN 389,344 atoms fp32: raw, DomainParallel on 1 and 2 GPUs"
   timeout 100 python3 benchmarks/bench_dp.py --device cuda --model mpnn --cells 46 --dtype float32 \
     --steps 20 --warmup 5 --worlds 1 2 --json "$out/x2_mpnn_final.json" 2>&1 | quiet
