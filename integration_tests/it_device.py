@@ -16,6 +16,8 @@ from it_systems import crystal, model_for
 
 from nvdd.core import Batch
 from nvdd.dynamics import (
+    MTKNPT,
+    CellDOF,
     DomainConfig,
     DomainParallel,
     HookScope,
@@ -125,6 +127,10 @@ def host_syncs_per_step(
         dyn: Any = VelocityVerlet(model, batch, dt_fs=1.0)
         if integrator == "nvt-nh":
             dyn = NoseHooverNVT(model, batch, dt_fs=1.0, temperature_K=30.0, tau_fs=50.0)
+        elif integrator.startswith("npt-"):
+            dof = CellDOF.FULL if integrator == "npt-full" else CellDOF.ISOTROPIC
+            dyn = MTKNPT(model, batch, dt_fs=1.0, temperature_K=30.0, pressure_bar=1.0e4,
+                         tau_t_fs=50.0, tau_p_fs=200.0, cell_dof=dof)  # fmt: skip
         with DomainParallel(dyn, DomainConfig(cutoff=cutoff, skin=1.0)) as dp:
             dp.partition()
             dp.run(3)

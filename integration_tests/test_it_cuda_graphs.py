@@ -17,7 +17,9 @@ from it_systems import crystal, lj_model
 
 from nvdd.core import Batch, ValidationError, emulated_capture
 from nvdd.dynamics import (
+    MTKNPT,
     WARMUP_STEPS,
+    CellDOF,
     DomainConfig,
     DomainParallel,
     HookStage,
@@ -55,6 +57,9 @@ def _trajectory(
         dyn = NoseHooverNVT(
             model, batch, dt_fs=2.0, temperature_K=300.0, tau_fs=40.0, cuda_graphs=graphs
         )
+    elif integrator == "npt":  # (chains, cell momentum and cell on the device)
+        dyn = MTKNPT(model, batch, dt_fs=2.0, temperature_K=300.0, pressure_bar=1.0e4,
+                     tau_t_fs=40.0, tau_p_fs=200.0, cell_dof=CellDOF.FULL, cuda_graphs=graphs)  # fmt: skip
     else:
         dyn = VelocityVerlet(model, batch, dt_fs=2.0, cuda_graphs=graphs)
     seen: list[tuple[int, float]] = []
@@ -98,6 +103,7 @@ def _trajectory(
         "velocities": final.velocities[order].clone(),
         "forces": final.forces[order].clone(),
         "energy": final.energy.clone(),
+        "cell": final.cell.clone(),
         "seen": seen,
         "captures": dyn.graphs.captures,
         "replays": dyn.graphs.replays,
@@ -126,7 +132,7 @@ def _tags(counters: list[tuple[int, int, int, int]]) -> list[tuple[int, str]]:
 
 
 def _assert_same(a: dict[str, Any], b: dict[str, Any], *, exact: bool = False) -> None:
-    for key in ("positions", "velocities", "forces", "energy"):
+    for key in ("positions", "velocities", "forces", "energy", "cell"):
         if exact:  # a replay reruns the eager step's operations in the same order
             assert torch.equal(a[key], b[key]), key
         else:
@@ -216,8 +222,16 @@ def _dp_halo(
         (1, True, "nve"),
         (2, False, "langevin"),
         (2, False, "nvt-nh"),
+        (2, False, "npt"),
     ],
-    ids=["2-ranks", "3-ranks", "halo-on-1-rank", "2-ranks-langevin", "2-ranks-nvt-nh"],
+    ids=[
+        "2-ranks",
+        "3-ranks",
+        "halo-on-1-rank",
+        "2-ranks-langevin",
+        "2-ranks-nvt-nh",
+        "2-ranks-npt",
+    ],
 )
 def test_domain_parallel_halo_steps_are_replayed_and_equal_eager_steps(
     ranks: int, one: bool, integrator: str
@@ -301,7 +315,7 @@ def _within_eager_noise(kw: dict[str, Any], device: str, dtype: torch.dtype) -> 
     eager = _trajectory(batch, 60, graphs=False, device=device, dtype=dtype, **kw)
     again = _trajectory(batch, 60, graphs=False, device=device, dtype=dtype, **kw)
     graphed = _trajectory(batch, 60, graphs=True, device=device, dtype=dtype, **kw)
-    for key in ("positions", "velocities", "forces", "energy"):
+    for key in ("positions", "velocities", "forces", "energy", "cell"):
         noise = float((again[key] - eager[key]).abs().max())
         diff = float((graphed[key] - eager[key]).abs().max())
         assert diff <= 10.0 * noise + _FLOOR[dtype], (kw, key, diff, noise)
@@ -317,10 +331,11 @@ _GPU_CASES: list[dict[str, Any]] = [
     {"squeeze_at": 20},
     {"integrator": "langevin"},
     {"integrator": "nvt-nh", "hooks": True},
+    {"integrator": "npt", "hooks": True},
 ]
 
 
-@pytest.mark.parametrize("integrator", ["langevin", "nvt-nh"])
+@pytest.mark.parametrize("integrator", ["langevin", "nvt-nh", "npt"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_the_gpu_comparison_runs_on_the_cpu_emulation(dtype: torch.dtype, integrator: str) -> None:
     """The check the GPU test makes, on CPU (where eager runs agree exactly), in
@@ -375,7 +390,7 @@ def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("integrator", ["nve", "nvt-nh"])
+@pytest.mark.parametrize("integrator", ["nve", "nvt-nh", "npt"])
 def test_domain_parallel_halo_steps_on_one_gpu_are_replayed(integrator: str) -> None:
     """The split capture (head, decision, tail) as real CUDA graphs: the halo path
     forced on one GPU (NCCL world of one: the exchanges are local copies; the
@@ -384,7 +399,7 @@ def test_domain_parallel_halo_steps_on_one_gpu_are_replayed(integrator: str) -> 
     args = (True, integrator)
     (eager,) = run_ranks(_dp_cuda, 1, False, *args, backend="nccl", start_method="spawn")
     (graphed,) = run_ranks(_dp_cuda, 1, True, *args, backend="nccl", start_method="spawn")
-    for key in ("positions", "velocities", "forces", "energy"):
+    for key in ("positions", "velocities", "forces", "energy", "cell"):
         torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
     assert graphed["calls"] == eager["calls"] and graphed["rebuilds"] == eager["rebuilds"] > 2
     assert graphed["replays"] > 10 and graphed["captures"] >= 2

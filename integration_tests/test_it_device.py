@@ -98,13 +98,16 @@ def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
         assert len(select) <= 6, select
 
 
-def test_a_steady_nose_hoover_step_reads_only_its_divergence_flag() -> None:
-    """NVT-NH under DD keeps its chain on the device: a steady step reads what a
-    velocity-Verlet step reads (the decision) plus the chain's divergence flag,
-    once per step. That read goes through ``LazyFiniteCheck``: on CUDA a
-    non-blocking copy polled with an event (no stream wait); on this fake
-    device, which has no events, it is read at once, so it is visible here."""
-    out = run_ranks(host_syncs_per_step, 2, "periodic", "lj", 6, "nvt-nh", timeout_s=300)
+@pytest.mark.parametrize("integrator", ["nvt-nh", "npt-iso", "npt-full"])
+def test_a_steady_nose_hoover_step_reads_only_its_divergence_flag(integrator: str) -> None:
+    """NVT-NH and MTK NPT under DD keep their chains (and NPT its cell momentum
+    and cell) on the device: a steady step reads what a velocity-Verlet step
+    reads (the decision) plus the integrator's divergence flag, once per step.
+    That read goes through ``LazyFiniteCheck``: on CUDA a non-blocking copy
+    polled with an event (no stream wait); on this fake device, which has no
+    events, it is read at once, so it is visible here. NPT's cell changes every
+    step: the skin test derives the current domain cell on the device."""
+    out = run_ranks(host_syncs_per_step, 2, "periodic", "lj", 6, integrator, timeout_s=300)
     for rank, r in enumerate(out):
         assert r["steady_rebuilds"] == 0, f"rank {rank}: the steady window rebuilt"
         wrapper = [e for e in r["steady"] if " at models/" not in e]

@@ -23,13 +23,20 @@ from fractional boxes of the reference cell (ghost positions are owner
 positions plus ``n @ h`` at the current cell), with ``cutoff`` the range the
 halo must cover.
 
-Everything is float64 and free of host synchronisation (a device-side flag).
+Everything is float64 and free of host synchronisation (a device-side flag):
+no ``torch.linalg`` call that checks its result on the host (``solve``,
+``inv`` and ``svdvals`` do on CUDA; ``solve_ex`` and ``inv_ex`` do not, and the
+smallest singular value of a 3x3 comes from a closed form), so a step that
+runs this test can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from nvdd.core._capture import capturing
 from nvdd.core._errors import ValidationError
 
 __all__ = [
@@ -42,6 +49,11 @@ __all__ = [
 #: A cell whose |det| is below this fraction of the product of its row norms is
 #: singular (open boundaries with zero rows): no deformation gradient exists.
 _SINGULAR_REL = 1e-12
+#: The closed-form smallest singular value is rounded down by this relative
+#: amount (``||inv(F)||_2`` up): its rounding (about 1e-8 of the eigenvalues'
+#: spread where two coincide, from the ``acos`` near +-1) can then only make
+#: the effective skin smaller.
+_NORM_MARGIN = 1e-7
 
 
 def _cells(ref_cell: torch.Tensor, cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +100,7 @@ def deformation_gradient(
     eye = torch.eye(3, dtype=torch.float64, device=ref.device).expand_as(ref)
     safe_ref = torch.where(regular[:, None, None], ref, eye)
     safe_cur = torch.where(regular[:, None, None], cur, eye)
-    grad = torch.linalg.solve(safe_ref, safe_cur)
+    grad = torch.linalg.solve_ex(safe_ref, safe_cur).result  # (regular: no error to check)
     use = (regular & ~same)[:, None, None]
     return torch.where(use, grad, eye), same | regular
 
@@ -113,9 +125,34 @@ def effective_skin(
 def _effective(
     grad: torch.Tensor, defined: torch.Tensor, cutoff: float, skin: float
 ) -> torch.Tensor:
-    inv_norm = 1.0 / torch.linalg.svdvals(grad)[..., -1]
+    inv_norm = 1.0 / _smallest_singular_value(grad)
     out = skin - cutoff * (inv_norm - 1.0)
     return torch.where(defined, out, torch.full_like(out, float("-inf")))
+
+
+def _smallest_singular_value(f: torch.Tensor) -> torch.Tensor:
+    """The smallest singular value of each 3x3 ``f`` ``(..., 3, 3)``, from the
+    trigonometric closed form of the eigenvalues of the symmetric ``f^T f``
+    (``torch.linalg.svdvals`` waits for the host on CUDA). Absolute error about
+    1e-16 times the eigenvalues' scale, 1e-8 relative to their spread where two
+    coincide, before it is rounded down by ``_NORM_MARGIN``; a multiple of the
+    identity is not rounded down."""
+    m = f.transpose(-1, -2) @ f
+    q = (m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]) / 3.0
+    eye = torch.eye(3, dtype=f.dtype, device=f.device)
+    a = m - q[..., None, None] * eye
+    p = torch.sqrt((a * a).sum(dim=(-2, -1)) / 6.0)
+    b = a / torch.where(p > 0, p, torch.ones_like(p))[..., None, None]
+    det = (
+        b[..., 0, 0] * (b[..., 1, 1] * b[..., 2, 2] - b[..., 1, 2] * b[..., 2, 1])
+        - b[..., 0, 1] * (b[..., 1, 0] * b[..., 2, 2] - b[..., 1, 2] * b[..., 2, 0])
+        + b[..., 0, 2] * (b[..., 1, 0] * b[..., 2, 1] - b[..., 1, 1] * b[..., 2, 0])
+    )
+    phi = torch.acos((0.5 * det).clamp(-1.0, 1.0)) / 3.0
+    lowest = q + 2.0 * p * torch.cos(phi + 2.0 * math.pi / 3.0)
+    # rounded down where the closed form rounds (never for a multiple of 1)
+    lowest = torch.where(p > 0, lowest * (1.0 - 2.0 * _NORM_MARGIN), q)
+    return torch.sqrt(lowest.clamp(min=0.0))
 
 
 def nonaffine_displacements(
@@ -161,7 +198,7 @@ def _nonaffine(
     grad = grad.to(x.device)
     eye = torch.eye(3, dtype=torch.float64, device=x.device)
     unchanged = (grad == eye).all(dim=-1).all(dim=-1)
-    inv = torch.linalg.inv(grad)
+    inv = torch.linalg.inv_ex(grad).inverse  # (F is regular: no error to check)
     if inv.shape[0] == 1:
         mapped = x @ inv[0]
         keep = unchanged[0]
@@ -219,7 +256,7 @@ def skin_exceeded(
         algebra).
     """
     ref, cur = _cells(ref_cell, cell)
-    if same_cell or (ref.device.type == "cpu" and torch.equal(ref, cur)):
+    if same_cell or (ref.device.type == "cpu" and not capturing() and torch.equal(ref, cur)):
         if positions.shape != ref_positions.shape:
             raise ValidationError(
                 f"positions have shape {tuple(positions.shape)} but ref_positions "

@@ -434,10 +434,16 @@ class Watchdog:
         most = max((p.beats for p in second.values()), default=self._beats)
         behind = sorted(r for r, p in seen.items() if p.beats < most)
         stuck: list[int] = []
-        if not behind and any(p.in_collective for p in seen.values()):
+        # in a collective in either snapshot: a rank that waits in one can be seen
+        # outside it for a moment (the 2-core CI host once caught a waiting rank's
+        # main thread in linecache), which must not name it as the culprit
+        waiting = {
+            r for r, p in seen.items() if p.in_collective or (r in first and first[r].in_collective)
+        }
+        if not behind and waiting:
             # Same progress everywhere, but some ranks wait in a collective that the
             # others never entered: those others hold the job up.
-            stuck = sorted(r for r, p in seen.items() if not p.in_collective)
+            stuck = sorted(r for r in seen if r not in waiting)
         for r in missing:
             lines.append(f"  rank {r}: missing: it never published (not started, or dead)")
         for r in frozen:

@@ -34,7 +34,7 @@ from nvdd.dynamics._nose_hoover import (
     check_chain_constants,
 )
 
-__all__ = ["DeviceNoseHooverChain"]
+__all__ = ["DeviceNoseHooverChain", "warp_ready"]
 
 #: Warp's Python API, untyped for mypy (its stubs type the kernel language, not this use).
 _wp: Any = wp
@@ -101,7 +101,7 @@ def _half_step(
 
 
 @cache
-def _ready() -> bool:
+def warp_ready() -> bool:
     """Initialise Warp once (lazily: importing this module has no side effect)."""
     _wp.init()
     return True
@@ -188,7 +188,7 @@ class DeviceNoseHooverChain(ChainState):
         """The recorded launch of a half step of ``dt`` (its tensors never move)."""
         found = self._launches.get(dt)
         if found is None:
-            _ready()
+            warp_ready()
             n = self.sub_steps(dt)
             launch = None
             if self.device.type in ("cpu", "cuda"):

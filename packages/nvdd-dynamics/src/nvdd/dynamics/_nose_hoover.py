@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ValidationError, sum_by_system
+from nvdd.core import ConfigurationError, ValidationError, sum_by_system
 from nvdd.dynamics._base import BaseDynamics
 
 if TYPE_CHECKING:
@@ -381,10 +381,3 @@ def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:
     flat = host(summed)
     n_sys = flat.shape[0]
     return StepSums(flat[:, 0].copy(), flat[:, 1:].reshape(n_sys, 3, 3).copy(), totals)
-
-
-def per_atom(values: Array, batch: Batch) -> torch.Tensor:
-    """A per-system host factor ``(n_systems,)`` as a per-atom column
-    ``(n_atoms, 1)`` on the batch's device and in its dtype."""
-    t = torch.as_tensor(values, dtype=batch.dtype).to(batch.device, non_blocking=True)
-    return t.index_select(0, batch.system_index)[:, None]

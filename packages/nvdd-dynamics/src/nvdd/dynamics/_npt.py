@@ -8,33 +8,45 @@ the cell keeps its shape) and full (a symmetric 3x3 strain rate: independent
 axes and shear, any triclinic cell). Docs/design.md says why MTK.
 
 Every global quantity a step reads (atom counts, ``sum m v (x) v``, the model's
-energy and stress) comes out of one reduction per step (:func:`step_sums`), so
-the same class runs under :class:`~nvdd.dynamics.DomainParallel` unchanged and
-the cell is bit-identical on every rank.
+energy and stress) comes out of one reduction per step
+(:func:`~nvdd.dynamics._nose_hoover.reduce_step`), so the same class runs
+under :class:`~nvdd.dynamics.DomainParallel` unchanged and the cell is
+bit-identical on every rank.
+
+Everything a step does after the first stays on the atoms' device: the chains
+are :class:`~nvdd.dynamics._chain_device.DeviceNoseHooverChain`, the cell
+momentum, the cell and the step's sums are float64 tensors updated in place,
+and the cell's arithmetic is two Warp kernels (``_barostat_device``). No value
+is read on the host, so on a GPU a steady step is captured in a CUDA graph and
+replayed (``StepGraphs``); a diverged chain or cell momentum is reported from a
+flag read without blocking (``LazyFiniteCheck``), as for
+:class:`~nvdd.dynamics.NoseHooverNVT`.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
-from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
-from nvdd.dynamics._hooks import Hook
-from nvdd.dynamics._nose_hoover import (
-    CHAIN_FIELDS,
-    Array,
-    NoseHooverChain,
-    StepSums,
-    host,
-    per_atom,
-    step_sums,
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    ModelOutputs,
+    ValidationError,
+    after_replay,
+    capturing,
 )
+from nvdd.dynamics._barostat_device import SystemKernel, cell_kick_kernel, propagators_kernel
+from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
+from nvdd.dynamics._chain_device import DeviceNoseHooverChain
+from nvdd.dynamics._finite import LazyFiniteCheck
+from nvdd.dynamics._hooks import Hook
+from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, Array, host, reduce_step
 
 __all__ = ["EV_PER_A3_PER_BAR", "CellDOF", "MTKNPT"]
 
@@ -51,22 +63,18 @@ class CellDOF(enum.Enum):
     FULL = "full"
 
 
-def _exprel(x: Array) -> Array:
-    """``(exp(x) - 1) / x``, 1 at 0."""
-    safe = np.where(x == 0, 1.0, x)
-    out: Array = np.where(x == 0, 1.0, np.expm1(safe) / safe)
-    return out
+def _per_atom(m: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Per-system ``(S, 3, 3)`` float64 matrices in the batch's dtype, one per
+    atom (``(n, 3, 3)``), or the one matrix ``(3, 3)`` of a single system."""
+    m = m.to(batch.dtype)
+    return m[0] if m.shape[0] == 1 else m.index_select(0, batch.system_index)
 
 
-def _in_basis(x: torch.Tensor, basis: torch.Tensor, si: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x`` (n, 3) times their system's ``basis`` (S, 3, 3)."""
-    if basis.shape[0] == 1:
-        return x @ basis[0]
-    return torch.bmm(x.unsqueeze(1), basis.index_select(0, si)).squeeze(1)
-
-
-def _device(a: Array, batch: Batch) -> torch.Tensor:
-    return torch.as_tensor(a, dtype=batch.dtype).to(batch.device, non_blocking=True)
+def _times(y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Rows of ``y`` ``(n, 3)`` times ``m`` from :func:`_per_atom`, elementwise
+    (a float32 matmul may run in TF32 on a GPU; exact zeros of an isotropic
+    ``m`` add nothing)."""
+    return y[:, 0:1] * m[..., 0, :] + y[:, 1:2] * m[..., 1, :] + y[:, 2:3] * m[..., 2, :]
 
 
 class MTKNPT(BaseDynamics):
@@ -153,17 +161,22 @@ class MTKNPT(BaseDynamics):
         self.tau_t_fs, self.tau_p_fs = float(tau_t), float(tau_p)
         self.cell_dof = cell_dof
         self._chains = (int(t_chain), int(p_chain), int(t_loops), int(p_loops))
-        self.thermostat: NoseHooverChain | None = None
-        self.barostat: NoseHooverChain | None = None
-        #: Cell momentum (host, float64): (S,) isotropic, (S, 3, 3) symmetric for
-        #: the full cell.
-        self.p_cell: Array | None = None
-        self._kin: Array | None = None  # sum m v (x) v, (S, 3, 3)
-        self._stress: Array | None = None
-        self._energy: Array | None = None
-        self._counts: Array | None = None
-        self._w: Array | None = None  # barostat mass, (S,)
-        self._cell: Array | None = None  # the cell (host, float64; the batch gets copies)
+        self.thermostat: DeviceNoseHooverChain | None = None
+        self.barostat: DeviceNoseHooverChain | None = None
+        #: Cell momentum (float64, the atoms' device), rows of 9 per system
+        #: (row-major 3x3, symmetric for the full cell; isotropic: element 0).
+        self.p_cell: torch.Tensor | None = None
+        self._kin: torch.Tensor | None = None  # sum m v (x) v, (S, 9)
+        self._stress: torch.Tensor | None = None  # (S, 9)
+        self._energy: torch.Tensor | None = None  # (S,)
+        self._counts: Array | None = None  # atoms per system (host; constants)
+        self._w: Array | None = None  # barostat mass (host; constants), (S,)
+        self._cell: torch.Tensor | None = None  # the cell (S, 3, 3); the batch gets copies
+        self._p_ext = torch.zeros(1, dtype=torch.float64)  # on the device from the start
+        self._p_ext_bar = math.nan  # the pressure _p_ext holds
+        self._diverged = LazyFiniteCheck()
+        self._bad = torch.zeros((), dtype=torch.bool)
+        self._kernels: tuple[SystemKernel, SystemKernel] | None = None
         self._started_bath = self._bath()
 
     # ------------------------------------------------------------ quantities
@@ -177,13 +190,19 @@ class MTKNPT(BaseDynamics):
         """Target pressure in eV / A**3."""
         return self.pressure_bar * EV_PER_A3_PER_BAR
 
+    @property
+    def iso(self) -> bool:
+        """Whether the barostat drives the volume only (``CellDOF.ISOTROPIC``)."""
+        return self.cell_dof is CellDOF.ISOTROPIC
+
     def volume(self) -> torch.Tensor:
         """Cell volumes, float64 shape ``(n_systems,)`` on the host (no communication)."""
         return torch.from_numpy(self._volume())
 
     def _volume(self) -> Array:
-        cell = self._cell if self._cell is not None else host(self.batch.cell)
-        vol: Array = np.abs(np.linalg.det(cell))
+        cell = host(self._cell if self._cell is not None else self.batch.cell)
+        with np.errstate(invalid="ignore"):  # (a diverged cell: NaN, reported as such)
+            vol: Array = np.abs(np.linalg.det(cell))
         return vol
 
     def pressure_tensor(self) -> torch.Tensor:
@@ -201,15 +220,24 @@ class MTKNPT(BaseDynamics):
     def conserved_energy(self) -> torch.Tensor:
         """The extended energy per system (float64, on the host), conserved by the
         dynamics: ``E_pot + E_kin + chains + cell kinetic energy + P_ext V``. No
-        communication (uses the last step's sums)."""
+        communication (uses the last step's sums; reads the device).
+
+        Raises
+        ------
+        ValidationError
+            Before the first step, if the model returns no energy, or if a chain
+            or the cell momentum diverged.
+        """
         kin, _ = self._need("conserved_energy")
+        if self._diverged.poll(block=True):
+            self._raise_diverged()
         if self._energy is None:
             raise ValidationError(
                 f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
             )
         assert self.thermostat is not None and self.barostat is not None
         total = (
-            self._energy
+            host(self._energy)
             + 0.5 * np.trace(kin, axis1=1, axis2=2)
             + self.thermostat.energy()
             + self.barostat.energy()
@@ -219,27 +247,46 @@ class MTKNPT(BaseDynamics):
         return torch.from_numpy(total)
 
     def _need(self, what: str) -> tuple[Array, Array]:
+        """The last step's ``sum m v (x) v`` and stress, ``(S, 3, 3)`` host arrays."""
         if self._kin is None or self._stress is None:
             raise ValidationError(f"{what}: take a step first")
-        return self._kin, self._stress
+        n_sys = self._kin.shape[0]
+        return host(self._kin).reshape(n_sys, 3, 3), host(self._stress).reshape(n_sys, 3, 3)
+
+    def _cell_k2(self) -> Array:
+        """Twice the cell's kinetic energy per system (host)."""
+        assert self.p_cell is not None and self._w is not None
+        p = host(self.p_cell)
+        sq = p[:, 0] ** 2 if self.iso else (p * p).sum(axis=1)
+        out: Array = sq / self._w
+        return out
 
     # ----------------------------------------------------------- checkpoints
-    #: The host arrays of the step besides the chains (see ``__init__``).
+    #: What the step keeps besides the chains, as saved (host float64): the cell
+    #: momentum ``(S,)`` isotropic or ``(S, 3, 3)``, the sums ``(S, 3, 3)``, the
+    #: energy, counts and barostat masses ``(S,)``, the cell ``(S, 3, 3)``.
     _ARRAYS = ("p_cell", "_kin", "_stress", "_energy", "_counts", "_w", "_cell")
 
     def state_arrays(self) -> dict[str, Any]:
         """Both chains, the cell momentum, the cell and the last step's sums (none
         before the first step): what an exact restart needs."""
-        if self.thermostat is None or self.barostat is None:
+        if self.thermostat is None or self.barostat is None or self.p_cell is None:
             return {}
         out: dict[str, Any] = {
             **self.thermostat.state("thermostat."),
             **self.barostat.state("barostat."),
         }
+        n_sys = self.p_cell.shape[0]
         for name in self._ARRAYS:
             value = getattr(self, name)
-            if value is not None:
-                out[name.lstrip("_")] = np.array(value, dtype=np.float64)
+            if value is None:
+                continue
+            a = np.array(host(value), dtype=np.float64)
+            if name == "p_cell":
+                a = a[:, 0].copy() if self.iso else a.reshape(n_sys, 3, 3)
+            elif name in ("_kin", "_stress"):
+                a = a.reshape(n_sys, 3, 3)
+            out[name.lstrip("_")] = a
         return out
 
     def load_state_arrays(self, arrays: Mapping[str, Any]) -> None:
@@ -253,142 +300,213 @@ class MTKNPT(BaseDynamics):
                 f"MTKNPT: saved state {sorted(arrays)} is not what MTKNPT keeps "
                 f"({sorted(names | chains)})"
             )
-        _, _, t_loops, p_loops = self._chains
         self.thermostat = self.barostat = None
-        if arrays:
-            self.thermostat = NoseHooverChain.from_state(arrays, "thermostat.", self.kT, t_loops)
-            self.barostat = NoseHooverChain.from_state(arrays, "barostat.", self.kT, p_loops)
-        for name in self._ARRAYS:
+        self.p_cell = self._kin = self._stress = self._energy = self._cell = None
+        self._counts = self._w = None
+        self._started_bath = self._bath()
+        if not arrays:
+            return
+        if "p_cell" not in arrays:
+            raise ConfigurationError("MTKNPT: the saved state has chains but no cell momentum")
+        _, _, t_loops, p_loops = self._chains
+        dev = self.batch.device
+        self.thermostat = DeviceNoseHooverChain.from_state(
+            arrays, "thermostat.", self.kT, t_loops, dev
+        )
+        self.barostat = DeviceNoseHooverChain.from_state(arrays, "barostat.", self.kT, p_loops, dev)
+        n_sys = self.thermostat.masses.shape[0]
+        p = host(arrays["p_cell"])
+        if p.shape != ((n_sys,) if self.iso else (n_sys, 3, 3)):
+            raise ConfigurationError(
+                f"MTKNPT: saved p_cell has shape {p.shape} for {n_sys} system(s) and a "
+                f"{self.cell_dof.value} cell"
+            )
+        rows = np.zeros((n_sys, 9))
+        if self.iso:
+            rows[:, 0] = p
+        else:
+            rows[:] = p.reshape(n_sys, 9)
+        self.p_cell = self._tensor(rows)
+        for name in ("_kin", "_stress"):
+            if name.lstrip("_") in arrays:
+                setattr(self, name, self._tensor(host(arrays[name.lstrip("_")]).reshape(n_sys, 9)))
+        if "energy" in arrays:
+            self._energy = self._tensor(host(arrays["energy"]))
+        for name in ("_counts", "_w"):
             value = arrays.get(name.lstrip("_"))
             setattr(self, name, None if value is None else host(value).copy())
-        if self.thermostat is not None and self.p_cell is None:
-            raise ConfigurationError("MTKNPT: the saved state has chains but no cell momentum")
-        self._started_bath = self._bath()
+        if "cell" in arrays:
+            self._cell = self._tensor(host(arrays["cell"]))
+        self._device_state()
+
+    def _tensor(self, a: Array) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(a), dtype=torch.float64).to(self.batch.device)
 
     # --------------------------------------------------------------- set-up
-    def _reduce(self) -> StepSums:
-        sums = step_sums(self, ("energy", "stress"))
-        if "stress" not in sums.totals:
+    def _reduce(self) -> torch.Tensor:
+        """The step's one reduction (:func:`reduce_step`, device float64 rows
+        ``(S, 10)``); keeps ``sum m v (x) v``, the stress and the energy
+        (device, in place) and writes the totals into the batch."""
+        summed, totals = reduce_step(self, ("energy", "stress"))
+        stress, energy = totals.get("stress"), totals.get("energy")
+        if stress is None:
             raise ValidationError(
                 f"MTKNPT needs the model's 'stress'; {type(self.model).__name__} returned "
                 f"{sorted(self.outputs)}"
             )
-        stress, energy = sums.totals["stress"], sums.totals.get("energy")
-        self._kin, self._stress = sums.kinetic, host(stress)
-        self._energy = None if energy is None else host(energy)
+        n_sys = summed.shape[0]
+        kin, stress64 = summed[:, 1:], stress.to(torch.float64).reshape(n_sys, 9)
+        if self._kin is None or self._stress is None:  # (the first step)
+            self._kin = kin.clone(memory_format=torch.contiguous_format)
+            self._stress = stress64.clone(memory_format=torch.contiguous_format)
+        else:
+            self._kin.copy_(kin)
+            self._stress.copy_(stress64)
         fields: dict[str, Any] = {"stress": stress.to(self.batch.dtype)}
         if energy is not None:
+            if self._energy is None:
+                self._energy = energy.to(torch.float64).clone()
+            else:
+                self._energy.copy_(energy)
             fields["energy"] = energy.to(self.batch.dtype)
         self.batch = self.batch.replace(**fields)
-        return sums
+        return summed
 
     def _start(self) -> None:
         if not bool(self.batch.pbc.all()):
             raise ConfigurationError(
                 f"MTKNPT needs periodic systems on every axis, got pbc {self.batch.pbc.tolist()}"
             )
-        sums = self._reduce()
-        n = sums.counts
+        self._kin = self._stress = self._energy = None
+        summed = self._reduce()
+        n = host(summed[:, 0])  # (the first step: one host read)
         if not bool((n > 0).all()):
             raise ValidationError(f"every system needs atoms; counts are {n.tolist()}")
         t_chain, p_chain, t_loops, p_loops = self._chains
-        kT = self.kT
+        kT, dev = self.kT, self.batch.device
         tt = (self.tau_t_fs * ASE_TIME_PER_FS) ** 2
         tp = (self.tau_p_fs * ASE_TIME_PER_FS) ** 2
         q = np.full((n.shape[0], t_chain), kT * tt)
         q[:, 0] *= 3.0 * n
-        self.thermostat = NoseHooverChain(3.0 * n, kT, q, t_loops)
+        self.thermostat = DeviceNoseHooverChain(3.0 * n, kT, q, t_loops, device=dev)
         r = np.full((n.shape[0], p_chain), kT * tp)
         r[:, 0] *= 9.0
-        iso = self.cell_dof is CellDOF.ISOTROPIC
-        self.barostat = NoseHooverChain(np.full_like(n, 1.0 if iso else 9.0), kT, r, p_loops)
-        self._w = (3.0 * n + 3.0 if iso else n + 1.0) * kT * tp
+        dof = np.full_like(n, 1.0 if self.iso else 9.0)
+        self.barostat = DeviceNoseHooverChain(dof, kT, r, p_loops, device=dev)
+        self._w = (3.0 * n + 3.0 if self.iso else n + 1.0) * kT * tp
         self._counts = n
-        self._cell = host(self.batch.cell)
-        self.p_cell = np.zeros((n.shape[0],) if iso else (n.shape[0], 3, 3))
+        self._cell = self.batch.cell.detach().to(torch.float64).clone()
+        self.p_cell = torch.zeros(n.shape[0], 9, dtype=torch.float64, device=dev)
         self._started_bath = self._bath()
+        self._device_state()
+
+    def _device_state(self) -> None:
+        """The constants' device copies, the kernels and the step's scratch."""
+        assert self._counts is not None and self._w is not None and self.p_cell is not None
+        dev, n_sys = self.batch.device, self.p_cell.shape[0]
+        self._n_dev, self._w_dev = self._tensor(self._counts), self._tensor(self._w)
+        self._p_ext = torch.zeros(1, dtype=torch.float64, device=dev)
+        self._p_ext_bar = math.nan
+        self._e = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
+        self._phi = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
+        self._bad = torch.zeros((), dtype=torch.bool, device=dev)
+        self._kernels = (
+            SystemKernel(cell_kick_kernel, n_sys, dev),
+            SystemKernel(propagators_kernel, n_sys, dev),
+        )
+        if self._cell is None:
+            self._cell = self.batch.cell.detach().to(torch.float64).clone()
+        if self._kin is None or self._stress is None:
+            self._kin = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
+            self._stress = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
+
+    def graph_key(self) -> Hashable | None:
+        """Its steps may be captured once the chains exist (after the first
+        step): in-place updates, no host read; the time step, bath, target
+        pressure and chains are baked in."""
+        if self.thermostat is None or self.barostat is None or self._kernels is None:
+            return None
+        ids = (id(self.thermostat), id(self.barostat), id(self._kernels))
+        return ("mtk-npt", self.dt_fs, *self._bath(), self.pressure_bar, *ids)
 
     # ---------------------------------------------------------- the pieces
-    def _cell_k2(self) -> Array:
-        assert self.p_cell is not None and self._w is not None
-        p = self.p_cell
-        sq = p * p if p.ndim == 1 else (p * p).sum(axis=(1, 2))
-        out: Array = sq / self._w
-        return out
-
     def _barostat_chain(self, d: float) -> None:
         assert self.barostat is not None and self.p_cell is not None
-        scale = self.barostat.propagate(self._cell_k2(), d)
-        self.p_cell = self.p_cell * (scale if self.p_cell.ndim == 1 else scale[:, None, None])
+        p = self.p_cell
+        sq = p[:, 0] * p[:, 0] if self.iso else (p * p).sum(dim=1)
+        self.barostat.k2.copy_(sq / self._w_dev)
+        scale = self.barostat.propagate_(d)
+        p.mul_(scale.unsqueeze(1))
+        self._bad.logical_or_(~torch.isfinite(scale).all())
 
     def _thermostat_chain(self, d: float) -> None:
         assert self.thermostat is not None and self._kin is not None
-        scale = self.thermostat.propagate(np.trace(self._kin, axis1=1, axis2=2), d)
-        self._kin = self._kin * (scale * scale)[:, None, None]
+        kin = self._kin
+        self.thermostat.k2.copy_(kin[:, 0] + kin[:, 4] + kin[:, 8])
+        scale = self.thermostat.propagate_(d)
+        kin.mul_((scale * scale).unsqueeze(1))
         b = self.batch
-        self.batch = b.replace(velocities=b.velocities * per_atom(scale, b))
+        b.velocities.mul_(scale.to(b.dtype).index_select(0, b.system_index).unsqueeze(1))
+        self._bad.logical_or_(~torch.isfinite(scale).all())
 
     def _cell_kick(self, d: float) -> None:
-        assert self.p_cell is not None and self._kin is not None and self._stress is not None
-        assert self._counts is not None
-        vol = self._volume()
-        kin, stress, p_ext = self._kin, self._stress, self.pressure_ext
-        k2 = np.trace(kin, axis1=1, axis2=2)
-        if self.p_cell.ndim == 1:
-            trace = np.trace(stress, axis1=1, axis2=2)
-            force = k2 - vol * trace - 3.0 * vol * p_ext + k2 / self._counts
-        else:
-            iso = (k2 / (3.0 * self._counts) - vol * p_ext)[:, None, None] * np.eye(3)
-            force = kin - vol[:, None, None] * stress + iso
-            force = 0.5 * (force + force.transpose(0, 2, 1))
-        self.p_cell = self.p_cell + d * force
+        assert self._kernels is not None and self._cell is not None and self.p_cell is not None
+        if self._p_ext_bar != self.pressure_bar:  # (a changed pressure changes graph_key)
+            self._p_ext.fill_(self.pressure_ext)
+            self._p_ext_bar = self.pressure_bar
+        kick = self._kernels[0]
+        kick(self._kin, self._stress, self._cell.view(-1, 9), self._n_dev, self._p_ext,
+             float(d), int(self.iso), self.p_cell)  # fmt: skip
 
-    def _rates(self) -> tuple[Array, Array | None]:
-        """Strain rates (1/time): (S,) isotropic, else eigenvalues (S, 3) and basis."""
-        assert self.p_cell is not None and self._w is not None
-        if self.p_cell.ndim == 1:
-            out: Array = self.p_cell / self._w
-            return out, None
-        lam, basis = np.linalg.eigh(self.p_cell)
-        return lam / self._w[:, None], basis
+    def _propagators(self, d: float, kick: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``exp(G)`` and ``Phi(G)`` ``(S, 3, 3)`` of a kick or a drift over ``d``."""
+        assert self._kernels is not None
+        self._kernels[1](self.p_cell, self._w_dev, self._n_dev, float(d), int(kick),
+                         int(self.iso), self._e, self._phi)  # fmt: skip
+        return self._e.view(-1, 3, 3), self._phi.view(-1, 3, 3)
 
     def _kick(self, d: float) -> None:
         """Particle velocities under forces and the cell's friction, over ``d``."""
-        assert self._counts is not None
         b = self.batch
-        si = b.system_index
-        acc = b.forces / b.masses[:, None]
-        rate, basis = self._rates()
-        if basis is None:
-            x = -(1.0 + 1.0 / self._counts) * rate * d
-            v = b.velocities * per_atom(np.exp(x), b) + d * acc * per_atom(_exprel(x), b)
-        else:
-            trace = rate.sum(axis=1, keepdims=True) / (3.0 * self._counts[:, None])
-            x = -(rate + trace) * d  # (S, 3)
-            u = _device(basis, b)
-            y = _in_basis(b.velocities, u, si) * _device(np.exp(x), b)[si]
-            y = y + d * _in_basis(acc, u, si) * _device(_exprel(x), b)[si]
-            v = _in_basis(y, u.transpose(1, 2), si)
-        self.batch = b.replace(velocities=v)
+        e, phi = self._propagators(d, kick=True)
+        acc = b.forces / b.masses.unsqueeze(1)
+        v = _times(b.velocities, _per_atom(e, b)) + d * _times(acc, _per_atom(phi, b))
+        b.velocities.copy_(v)
+        self._bad.logical_or_(~torch.isfinite(self.p_cell).all())
 
     def _drift(self, d: float) -> None:
         """Positions and cell over ``d``: affine growth plus the particles' motion."""
         assert self._cell is not None
         b = self.batch
-        si = b.system_index
-        rate, basis = self._rates()
-        x = rate * d
-        if basis is None:
-            pos = b.positions * per_atom(np.exp(x), b) + d * b.velocities * per_atom(_exprel(x), b)
-            self._cell = self._cell * np.exp(x)[:, None, None]
+        e, phi = self._propagators(d, kick=False)
+        pos = _times(b.positions, _per_atom(e, b)) + d * _times(b.velocities, _per_atom(phi, b))
+        b.positions.copy_(pos)
+        self._cell.copy_(torch.bmm(self._cell, e))
+        self.batch = b.replace(cell=self._cell.to(b.dtype, copy=True))
+
+    def _check(self) -> None:
+        """Queue this step's divergence flag (a copy: the next step resets it);
+        raise on one that is ready and set."""
+        flag = self._bad.to(torch.int32)
+        self._bad.zero_()
+        if capturing():  # every replay queues its flag
+            after_replay(lambda: self._poll(flag))
         else:
-            u = _device(basis, b)
-            y = _in_basis(b.positions, u, si) * _device(np.exp(x), b)[si]
-            y = y + d * _in_basis(b.velocities, u, si) * _device(_exprel(x), b)[si]
-            pos = _in_basis(y, u.transpose(1, 2), si)
-            grown = (self._cell @ basis) * np.exp(x)[:, None, :]
-            self._cell = grown @ basis.transpose(0, 2, 1)
-        self.batch = b.replace(positions=pos, cell=_device(self._cell, b))
+            self._poll(flag)
+
+    def _poll(self, flag: torch.Tensor) -> bool:
+        self._diverged.push_flag(flag)
+        if self._diverged.poll():
+            self._raise_diverged()
+        return True
+
+    def _raise_diverged(self) -> None:
+        raise ValidationError(
+            f"MTKNPT diverged: a Nose-Hoover chain or the cell momentum is not finite "
+            f"(cell momentum {host(self.p_cell).tolist()}, volume {self._volume().tolist()}, "
+            f"target {self.pressure_bar} bar at {self.temperature_K} K). Start closer to "
+            "the target (equilibrate first), or use longer tau_t_fs / tau_p_fs"
+        )
 
     # ------------------------------------------------------------- the step
     def _bath(self) -> tuple[Any, ...]:
@@ -399,7 +517,7 @@ class MTKNPT(BaseDynamics):
     def pre_update(self) -> None:
         if self.p_cell is not None and self._bath() != self._started_bath:
             self.p_cell = None  # a new target (annealing): a fresh start at this step
-        if self.p_cell is None:
+        if self.p_cell is None or self.thermostat is None:
             self._start()
         half = 0.5 * self.dt
         self._barostat_chain(half)
@@ -415,3 +533,4 @@ class MTKNPT(BaseDynamics):
         self._cell_kick(half)
         self._thermostat_chain(half)
         self._barostat_chain(half)
+        self._check()
