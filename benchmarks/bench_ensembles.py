@@ -121,7 +121,16 @@ def timing_mode(args: argparse.Namespace) -> dict[str, Any]:
 
     dev = torch.device(args.device)
     out: dict[str, Any] = {}
-    for kind in ("nve", "nvt-nh", "nvt-nh-eager", "npt-iso", "npt-full"):
+    kinds = (
+        "nve",
+        "nvt-nh",
+        "nvt-nh-eager",
+        "npt-iso",
+        "npt-iso-eager",
+        "npt-full",
+        "npt-full-eager",
+    )
+    for kind in kinds:
         batch = argon_box(args.cells, dtype=torch.float64, temperature_K=90.0, seed=0).to(dev)
         model = lj_model().to(dev)
         if kind == "nve":

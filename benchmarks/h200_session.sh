@@ -19,6 +19,8 @@
 #        (A/B of the capture's memory pools: rebuild cycles, halo forced),
 #        h1cells (the device list's cells per search radius: builds and LJ steps),
 #        h1rows (the list build's thread order: builds, LJ steps, models GPU tests),
+#        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
+#        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
 set -uo pipefail
 phase="${1:-lj}"
@@ -294,6 +296,26 @@ h1ens)
   for c in ${ENS_CELLS:-10 32 63}; do
     timeout 200 python3 benchmarks/bench_ensembles.py timing --device cuda --cells $c --steps ${ENS_STEPS:-200} \
       --json "$out/ens_$c.json" 2>&1 | quiet | grep -v Warning
+  done
+  ;;
+h1npttests)
+  step "GPU tests of nvdd-core and nvdd-dynamics; the CUDA-graph integration tests (NVE, Langevin, NVT-NH, NPT)"
+  timeout 200 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short packages/nvdd-core/tests packages/nvdd-dynamics/tests 2>&1 | tail -4
+  timeout 300 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short integration_tests/test_it_cuda_graphs.py 2>&1 | tail -6
+  ;;
+h1nptab)
+  step "Integrators on one GPU, this commit and (same call) the commit before it (NPT on the host): ${NPT_AB_BASE:=HEAD~1}"
+  git worktree add -f /tmp/nvdd-base "$NPT_AB_BASE" >/dev/null 2>&1 || true
+  base_path="/tmp/site:$(ls -d /tmp/nvdd-base/packages/*/src | tr '\n' ':')"
+  for c in ${ENS_CELLS:-10 32 63}; do
+    echo "--- cells $c: this commit"
+    timeout 150 python3 benchmarks/bench_ensembles.py timing --device cuda --cells $c --steps ${ENS_STEPS:-200} \
+      --json "$out/ens_$c.json" 2>&1 | quiet | grep -v Warning
+    echo "--- cells $c: base (host NPT)"
+    (cd /tmp/nvdd-base && PYTHONPATH="$base_path" timeout 150 python3 benchmarks/bench_ensembles.py timing --device cuda \
+      --cells $c --steps ${ENS_STEPS:-200} --json "$out/ens_base_$c.json" 2>&1 | quiet | grep -v Warning | grep npt)
   done
   ;;
 x2big)
