@@ -12,7 +12,12 @@ import torch
 
 from nvdd.core import Batch, ModelOutputs, ValidationError, emulated_capture
 from nvdd.dynamics import MTKNPT, CellDOF, HookStage
-from nvdd.dynamics._barostat_device import SystemKernel, cell_kick_kernel, propagators_kernel
+from nvdd.dynamics._barostat_device import (
+    RowKernel,
+    SystemKernel,
+    cell_kick_kernel,
+    propagators_kernel,
+)
 
 
 def _sym(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
@@ -86,6 +91,32 @@ def test_the_cell_kick_follows_the_mtk_force(iso: bool) -> None:
     kernel(rows[0], rows[1], rows[2], torch.from_numpy(counts), torch.tensor([p_ext], dtype=torch.float64),
            d, int(iso), rows[3])  # fmt: skip
     np.testing.assert_allclose(rows[3].numpy().reshape(-1, 3, 3), want, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n_sys", [1, 3])
+def test_the_row_update_is_y_e_plus_c_z_phi_in_place(dtype: torch.dtype, n_sys: int) -> None:
+    """One thread per atom: ``y E + c (z / m) Phi`` with its system's matrices,
+    in float64, written back in place in the batch's dtype; a second call with
+    other rows and another role (no division) reuses nothing stale."""
+    g = torch.Generator().manual_seed(7)
+    n = 11
+    y = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    z = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    m = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    si = torch.randint(0, n_sys, (n,), generator=g)
+    e = torch.randn(n_sys, 9, generator=g, dtype=torch.float64)
+    phi = torch.randn(n_sys, 9, generator=g, dtype=torch.float64)
+    rows = RowKernel(torch.device("cpu"))
+    for divide in (True, False, True):
+        ys, zs, ms = y.to(dtype), z.to(dtype), m.to(dtype)
+        zz = zs.double() / ms.double()[:, None] if divide else zs.double()
+        ee, pp = e.view(-1, 3, 3)[si], phi.view(-1, 3, 3)[si]
+        want = torch.bmm(ys.double().unsqueeze(1), ee).squeeze(1)
+        want = want + 0.3 * torch.bmm(zz.unsqueeze(1), pp).squeeze(1)
+        rows(ys, zs, ms, si, e, phi, 0.3, divide, ys)  # (in place)
+        torch.testing.assert_close(ys.double(), want.to(dtype).double(), rtol=0, atol=1e-12)
+        y, z, m, si = y[1:].clone(), z[1:].clone(), m[1:].clone(), si[1:].clone()
 
 
 class AnchoredSprings(torch.nn.Module):

@@ -20,9 +20,11 @@ on the host and can be captured in a CUDA graph:
     Isotropic strain is ``x * 1``, for which the series gives ``exp(x)`` and
     ``expm1(x) / x`` on the diagonal and exact zeros elsewhere.
 
-A particle update is then ``y E + c z Phi`` per atom (torch, in the batch's
-dtype): velocities ``(v, F / m)`` over a kick, positions ``(r, v)`` over a
-drift; the cell's rows grow as ``h E``.
+A particle update is then ``y E + c z Phi`` per atom, one more kernel
+(``affine_rows``, one thread per atom, float64 arithmetic, written back in the
+batch's dtype, in place): velocities ``(v, F / m)`` over a kick, positions
+``(r, v)`` over a drift; the cell's rows grow as ``h E``. As torch operations
+that update was 13 launches over the atoms per kick or drift.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ import warp as wp
 from nvdd.core import capturing, record_launch, warp_stream
 from nvdd.dynamics._chain_device import warp_ready
 
-__all__ = ["SystemKernel", "cell_kick_kernel", "propagators_kernel"]
+__all__ = [
+    "RowKernel",
+    "SystemKernel",
+    "affine_rows_kernel",
+    "cell_kick_kernel",
+    "propagators_kernel",
+]
 
 #: Warp's Python API, untyped for mypy (its stubs type the kernel language, not this use).
 _wp: Any = wp
@@ -138,6 +146,132 @@ def propagators_kernel(
     _store(phi_out, s, phi)
 
 
+@wp.kernel
+def affine_rows_kernel(
+    y: wp.array2d(dtype=Any),  # type: ignore[valid-type]
+    z: wp.array2d(dtype=Any),  # type: ignore[valid-type]
+    masses: wp.array(dtype=Any),  # type: ignore[valid-type]
+    system: wp.array(dtype=wp.int64),  # type: ignore[valid-type]
+    e: wp.array2d(dtype=_F64),  # type: ignore[valid-type]
+    phi: wp.array2d(dtype=_F64),  # type: ignore[valid-type]
+    c: _F64,
+    divide: int,
+    one_system: int,
+    out: wp.array2d(dtype=Any),  # type: ignore[valid-type]
+) -> None:
+    """Row ``i``: ``out = y E + c z' Phi`` of its system, ``z' = z / m`` when
+    ``divide`` (float64 arithmetic; ``out`` may be ``y``: the row is read first)."""
+    i = wp.tid()
+    s = 0
+    if one_system == 0:
+        s = int(system[i])
+    y0, y1, y2 = _F64(y[i, 0]), _F64(y[i, 1]), _F64(y[i, 2])
+    z0, z1, z2 = _F64(z[i, 0]), _F64(z[i, 1]), _F64(z[i, 2])
+    if divide != 0:
+        m = _F64(masses[i])
+        z0, z1, z2 = z0 / m, z1 / m, z2 / m
+    for b in range(3):
+        grown = y0 * e[s, b] + y1 * e[s, 3 + b] + y2 * e[s, 6 + b]
+        moved = z0 * phi[s, b] + z1 * phi[s, 3 + b] + z2 * phi[s, 6 + b]
+        out[i, b] = type(y[i, 0])(grown + c * moved)
+
+
+class RowKernel:
+    """``affine_rows_kernel`` over the atoms: one recorded launch per dtype whose
+    changed arguments (a new tensor, a new row count) are set before it runs;
+    torch's current stream on CUDA; registered with an emulated capture; a
+    plain launch on a test's fake device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # one record per dtype and role (a kick divides by the masses, a drift not)
+        self._records: dict[tuple[torch.dtype, bool], tuple[Any, list[Any], int]] = {}
+
+    def __call__(
+        self,
+        y: torch.Tensor,
+        z: torch.Tensor,
+        masses: torch.Tensor,
+        system: torch.Tensor,
+        e: torch.Tensor,
+        phi: torch.Tensor,
+        c: float,
+        divide: bool,
+        out: torch.Tensor,
+    ) -> None:
+        """``out = y E + c z Phi`` row by row (module notes); ``out`` may be ``y``."""
+        n = int(y.shape[0])
+        if n == 0:
+            return
+        args = (y, z, masses, system, e, phi, float(c), int(divide), int(e.shape[0] == 1), out)
+        if self.device.type not in ("cpu", "cuda"):  # a test's fake device: a plain launch
+            warp_ready()
+            _wp.launch(affine_rows_kernel, dim=n, inputs=_warp_args(args),
+                       device=_wp.device_from_torch(self.device))  # fmt: skip
+            return
+        keys = [_key(a) for a in args]
+        role = (y.dtype, bool(divide))
+        found = self._records.get(role)
+        if found is None:
+            _declare_rows()
+            launch = _wp.launch(affine_rows_kernel, dim=n, inputs=_warp_args(args),
+                                device=_wp.device_from_torch(self.device), record_cmd=True)  # fmt: skip
+            found = self._records[role] = (launch, keys, n)
+        launch, old, old_n = found
+        for k, (new, was) in enumerate(zip(keys, old, strict=True)):
+            if new != was:
+                launch.set_param_at_index(k, _warp_args(args[k : k + 1])[0])
+                old[k] = new
+        if n != old_n:
+            launch.set_dim(n)
+            self._records[role] = (launch, old, n)
+        self._run(launch)
+        if (
+            capturing()
+        ):  # an emulated capture replays this call's arguments (a CUDA one records them)
+            device = _wp.device_from_torch(self.device)
+            record_launch(
+                lambda: _wp.launch(
+                    affine_rows_kernel, dim=n, inputs=_warp_args(args), device=device
+                )
+            )
+
+    def _run(self, launch: Any) -> None:
+        if self.device.type == "cuda":
+            launch.launch(stream=warp_stream(torch.cuda.current_stream(self.device)))
+        else:
+            launch.launch()
+
+
+def _key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
+    return (type(a), a)
+
+
+def _warp_args(args: tuple[Any, ...]) -> list[Any]:
+    return [
+        _wp.from_torch(a, requires_grad=False) if isinstance(a, torch.Tensor)
+        else _F64(a) if isinstance(a, float) else a
+        for a in args
+    ]  # fmt: skip
+
+
+_ROWS_DECLARED: list[bool] = []
+
+
+def _declare_rows() -> None:
+    """The float32 and float64 overloads of ``affine_rows_kernel``, declared
+    before the module's first launch (else Warp compiles the module twice)."""
+    if _ROWS_DECLARED:
+        return
+    warp_ready()
+    for scalar in (wp.float32, wp.float64):
+        rows, column = wp.array2d(dtype=scalar), wp.array(dtype=scalar)
+        _wp.overload(affine_rows_kernel, {"y": rows, "z": rows, "masses": column, "out": rows})
+    _ROWS_DECLARED.append(True)
+
+
 class SystemKernel:
     """One of this module's kernels over the systems of one integrator, with its
     tensors fixed: launched from a recorded command per set of scalars (a few
@@ -154,7 +288,7 @@ class SystemKernel:
         key = tuple(a for a in args if not isinstance(a, torch.Tensor))
         launch = self._records.get(key)
         if launch is None and self.device.type in ("cpu", "cuda"):
-            warp_ready()
+            _declare_rows()  # (every overload of the module before its first launch)
             launch = self._records[key] = _wp.launch(
                 self.kernel, dim=self.n_systems, inputs=self._inputs(args),
                 device=_wp.device_from_torch(self.device), record_cmd=True,

@@ -41,7 +41,12 @@ from nvdd.core import (
     after_replay,
     capturing,
 )
-from nvdd.dynamics._barostat_device import SystemKernel, cell_kick_kernel, propagators_kernel
+from nvdd.dynamics._barostat_device import (
+    RowKernel,
+    SystemKernel,
+    cell_kick_kernel,
+    propagators_kernel,
+)
 from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
 from nvdd.dynamics._finite import LazyFiniteCheck
@@ -61,20 +66,6 @@ class CellDOF(enum.Enum):
     ISOTROPIC = "isotropic"
     #: A symmetric 3x3 strain rate: each axis and each shear (triclinic cells).
     FULL = "full"
-
-
-def _per_atom(m: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Per-system ``(S, 3, 3)`` float64 matrices in the batch's dtype, one per
-    atom (``(n, 3, 3)``), or the one matrix ``(3, 3)`` of a single system."""
-    m = m.to(batch.dtype)
-    return m[0] if m.shape[0] == 1 else m.index_select(0, batch.system_index)
-
-
-def _times(y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Rows of ``y`` ``(n, 3)`` times ``m`` from :func:`_per_atom`, elementwise
-    (a float32 matmul may run in TF32 on a GPU; exact zeros of an isotropic
-    ``m`` add nothing)."""
-    return y[:, 0:1] * m[..., 0, :] + y[:, 1:2] * m[..., 1, :] + y[:, 2:3] * m[..., 2, :]
 
 
 class MTKNPT(BaseDynamics):
@@ -177,6 +168,7 @@ class MTKNPT(BaseDynamics):
         self._diverged = LazyFiniteCheck()
         self._bad = torch.zeros((), dtype=torch.bool)
         self._kernels: tuple[SystemKernel, SystemKernel] | None = None
+        self._rows: RowKernel | None = None
         self._started_bath = self._bath()
 
     # ------------------------------------------------------------ quantities
@@ -414,6 +406,7 @@ class MTKNPT(BaseDynamics):
             SystemKernel(cell_kick_kernel, n_sys, dev),
             SystemKernel(propagators_kernel, n_sys, dev),
         )
+        self._rows = RowKernel(dev)
         if self._cell is None:
             self._cell = self.batch.cell.detach().to(torch.float64).clone()
         if self._kin is None or self._stress is None:
@@ -459,29 +452,30 @@ class MTKNPT(BaseDynamics):
              float(d), int(self.iso), self.p_cell)  # fmt: skip
 
     def _propagators(self, d: float, kick: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """``exp(G)`` and ``Phi(G)`` ``(S, 3, 3)`` of a kick or a drift over ``d``."""
+        """``exp(G)`` and ``Phi(G)`` of a kick or a drift over ``d``: rows of 9
+        ``(S, 9)``, row-major 3x3."""
         assert self._kernels is not None
         self._kernels[1](self.p_cell, self._w_dev, self._n_dev, float(d), int(kick),
                          int(self.iso), self._e, self._phi)  # fmt: skip
-        return self._e.view(-1, 3, 3), self._phi.view(-1, 3, 3)
+        return self._e, self._phi
 
     def _kick(self, d: float) -> None:
         """Particle velocities under forces and the cell's friction, over ``d``."""
+        assert self._rows is not None
         b = self.batch
         e, phi = self._propagators(d, kick=True)
-        acc = b.forces / b.masses.unsqueeze(1)
-        v = _times(b.velocities, _per_atom(e, b)) + d * _times(acc, _per_atom(phi, b))
-        b.velocities.copy_(v)
+        v = b.velocities
+        self._rows(v, b.forces, b.masses, b.system_index, e, phi, d, True, v)
         self._bad.logical_or_(~torch.isfinite(self.p_cell).all())
 
     def _drift(self, d: float) -> None:
         """Positions and cell over ``d``: affine growth plus the particles' motion."""
-        assert self._cell is not None
+        assert self._cell is not None and self._rows is not None
         b = self.batch
         e, phi = self._propagators(d, kick=False)
-        pos = _times(b.positions, _per_atom(e, b)) + d * _times(b.velocities, _per_atom(phi, b))
-        b.positions.copy_(pos)
-        self._cell.copy_(torch.bmm(self._cell, e))
+        x = b.positions
+        self._rows(x, b.velocities, b.masses, b.system_index, e, phi, d, False, x)
+        self._cell.copy_(torch.bmm(self._cell, e.view(-1, 3, 3)))
         self.batch = b.replace(cell=self._cell.to(b.dtype, copy=True))
 
     def _check(self) -> None:
