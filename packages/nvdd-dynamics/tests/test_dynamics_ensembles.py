@@ -31,6 +31,7 @@ from nvdd.dynamics import (
     StepSums,
     step_sums,
 )
+from nvdd.dynamics._nose_hoover import reduce_step
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
 
 T_K, P_BAR = 150.0, 5000.0
@@ -363,6 +364,12 @@ def test_step_sums_are_the_batch_sums() -> None:
     assert float(sums.k2[1]) == pytest.approx(float((m[20:] * (v[20:] ** 2).sum(1)).sum()))
     assert sums.kinetic.shape == (2, 3, 3)
     assert set(sums.totals) == {"energy", "stress"}
+    # a thermostat's reduction: the count and the trace only (two columns)
+    trace, _ = reduce_step(dyn, (), kinetic="trace")
+    assert trace.shape == (2, 2) and trace[:, 0].tolist() == [20.0, 10.0]
+    np.testing.assert_allclose(trace[:, 1].numpy(), sums.k2, rtol=1e-14)
+    with pytest.raises(ValueError, match="kinetic must be 'tensor' or 'trace', got 'diag'"):
+        reduce_step(dyn, (), kinetic="diag")
 
 
 # -------------------------------------------------------------- under DD (gloo)

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nvdd.core import ConfigurationError, ValidationError, sum_by_system
+from nvdd.core import Batch, ConfigurationError, ValidationError, sum_by_system
 from nvdd.dynamics._base import BaseDynamics
 
 if TYPE_CHECKING:
@@ -350,28 +350,53 @@ class StepSums:
 
 
 def reduce_step(
-    dyn: BaseDynamics, names: Iterable[str]
+    dyn: BaseDynamics, names: Iterable[str], *, kinetic: str = "tensor"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Atom counts, ``sum m v (x) v`` and the model totals ``names``, per system,
+    """Atom counts, the kinetic sums and the model totals ``names``, per system,
     on the atoms' device (no host synchronisation; capturable).
 
     One call of ``dyn.reducer.sum_with_totals``: under DD **Collective** over the
     mesh (one all-reduce that also completes the pending per-system partials).
 
+    Parameters
+    ----------
+    kinetic:
+        ``"tensor"``: ``sum m v (x) v`` (nine columns; NPT's cell needs them);
+        ``"trace"``: ``sum m v . v`` only (one column: twice the kinetic energy,
+        all a thermostat reads; a fifth of the work over the atoms).
+
     Returns
     -------
     (torch.Tensor, dict)
-        float64 ``(n_systems, 10)``: column 0 the atom count, columns 1 to 9
-        ``sum m v (x) v`` row-major; and the totals of ``names`` that exist.
+        float64 ``(n_systems, 10)`` (``"tensor"``: column 0 the atom count,
+        columns 1 to 9 ``sum m v (x) v`` row-major) or ``(n_systems, 2)``
+        (``"trace"``: the count, ``sum m v . v``); and the totals of ``names``
+        that exist.
     """
     b = dyn.batch
     v = b.velocities.to(torch.float64)
-    outer = b.masses.to(torch.float64)[:, None, None] * v[:, :, None] * v[:, None, :]
+    m = b.masses.to(torch.float64)
+    if kinetic == "trace":
+        moments = (m * (v * v).sum(dim=1)).unsqueeze(1)
+    elif kinetic == "tensor":
+        moments = (m[:, None, None] * v[:, :, None] * v[:, None, :]).reshape(-1, 9)
+    else:
+        raise ValueError(f"kinetic must be 'tensor' or 'trace', got {kinetic!r}")
     ones = torch.ones(b.n_atoms, 1, dtype=torch.float64, device=b.device)
-    rows = torch.cat([ones, outer.reshape(-1, 9)], 1)
+    rows = torch.cat([ones, moments], 1)
     local = sum_by_system(rows, b.system_index, b.n_systems)  # (no atomics on one row)
     reducer: Reducer = dyn.reducer
     return reducer.sum_with_totals(local, names, dyn.outputs)
+
+
+def per_system_column(values: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Per-system device factors ``(n_systems,)`` as a column that multiplies the
+    batch's ``(n_atoms, 3)`` rows, in its dtype: one system broadcasts (no
+    per-atom gather), several are gathered per atom."""
+    col = values.to(batch.dtype)
+    if batch.n_systems == 1:
+        return col.view(1, 1)
+    return col.index_select(0, batch.system_index).unsqueeze(1)
 
 
 def step_sums(dyn: BaseDynamics, names: Iterable[str]) -> StepSums:

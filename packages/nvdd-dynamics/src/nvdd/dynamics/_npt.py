@@ -51,7 +51,7 @@ from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
 from nvdd.dynamics._finite import LazyFiniteCheck
 from nvdd.dynamics._hooks import Hook
-from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, Array, host, reduce_step
+from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, Array, host, per_system_column, reduce_step
 
 __all__ = ["EV_PER_A3_PER_BAR", "CellDOF", "MTKNPT"]
 
@@ -439,7 +439,7 @@ class MTKNPT(BaseDynamics):
         scale = self.thermostat.propagate_(d)
         kin.mul_((scale * scale).unsqueeze(1))
         b = self.batch
-        b.velocities.mul_(scale.to(b.dtype).index_select(0, b.system_index).unsqueeze(1))
+        b.velocities.mul_(per_system_column(scale, b))
         self._bad.logical_or_(~torch.isfinite(scale).all())
 
     def _cell_kick(self, d: float) -> None:

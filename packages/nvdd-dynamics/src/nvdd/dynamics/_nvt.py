@@ -2,7 +2,7 @@
 
 The step is velocity Verlet between two chain half steps. Everything a step does
 after the first stays on the atoms' device: the one reduction per step
-(:func:`~nvdd.dynamics._nose_hoover.reduce_step`: atom counts, ``sum m v (x) v``
+(:func:`~nvdd.dynamics._nose_hoover.reduce_step`: atom counts, ``sum m v . v``
 and the energy, one all-reduce under DD) feeds a
 :class:`~nvdd.dynamics._chain_device.DeviceNoseHooverChain` (one Warp launch per
 half step) whose scale factors multiply the velocities in place. No value is
@@ -32,7 +32,7 @@ from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
 from nvdd.dynamics._finite import LazyFiniteCheck
 from nvdd.dynamics._hooks import Hook
-from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, host, reduce_step
+from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, host, per_system_column, reduce_step
 
 __all__ = ["NoseHooverNVT"]
 
@@ -118,7 +118,7 @@ class NoseHooverNVT(BaseDynamics):
     def _reduce(self) -> torch.Tensor:
         """The step's one reduction (:func:`reduce_step`, device float64 rows);
         keeps the energy (device) and writes it into the batch."""
-        summed, totals = reduce_step(self, ("energy",))
+        summed, totals = reduce_step(self, ("energy",), kinetic="trace")
         energy = totals.get("energy")
         if energy is not None:
             self._energy = energy.to(torch.float64)
@@ -127,9 +127,9 @@ class NoseHooverNVT(BaseDynamics):
 
     @staticmethod
     def _k2(summed: torch.Tensor) -> torch.Tensor:
-        """Twice the kinetic energy: the trace of ``sum m v (x) v`` (columns 1, 5,
-        9 of :func:`reduce_step`'s rows; basic indexing, no index tensor)."""
-        return summed[:, 1] + summed[:, 5] + summed[:, 9]
+        """Twice the kinetic energy, ``sum m v . v`` (column 1 of
+        :func:`reduce_step`'s ``"trace"`` rows)."""
+        return summed[:, 1]
 
     def _start(self) -> None:
         summed = self._reduce()
@@ -151,7 +151,7 @@ class NoseHooverNVT(BaseDynamics):
         assert self.chain is not None
         scale = self.chain.propagate_(0.5 * self.dt)
         b = self.batch
-        b.velocities.mul_(scale.to(b.dtype).index_select(0, b.system_index).unsqueeze(1))
+        b.velocities.mul_(per_system_column(scale, b))
         self._bad.logical_or_(~torch.isfinite(scale).all())
 
     def _check(self) -> None:
