@@ -13,13 +13,20 @@ flushes at the end of every ``run`` and before every gather).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from nvdd.core import Batch
+from nvdd.core import Batch, after_replay, capturing
 
-__all__ = ["MAX_COORDINATE", "LazyFiniteCheck", "nonfinite_flag", "nonfinite_message"]
+__all__ = [
+    "MAX_COORDINATE",
+    "DivergenceFlag",
+    "LazyFiniteCheck",
+    "nonfinite_flag",
+    "nonfinite_message",
+]
 
 #: Positions beyond this many Angstrom from the origin count as a blown-up run:
 #: neighbour searches misbehave there (vesin 0.6 dies with SIGFPE on an open
@@ -98,3 +105,49 @@ class LazyFiniteCheck:
             self._pending.popleft()
             bad = bad or bool(int(host) != 0)
         return bad
+
+
+class DivergenceFlag:
+    """An integrator's own "something diverged" flag (a chain factor, a cell
+    momentum), set on the device during a step and read without blocking.
+
+    :meth:`mark` or's non-finite values into a device bool; :meth:`queue` (once
+    per step, at its end) hands a copy to a :class:`LazyFiniteCheck` and resets
+    the flag; inside a step capture the copy is queued after every replay
+    (``after_replay``). ``on_set`` raises the integrator's error.
+    """
+
+    def __init__(self, on_set: Callable[[], None]) -> None:
+        self._on_set = on_set
+        self._lazy = LazyFiniteCheck()
+        self.bad = torch.zeros((), dtype=torch.bool)
+
+    def reset(self, device: torch.device) -> None:
+        """A cleared flag on ``device`` (the integrator's state moved or restarted)."""
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
+
+    def mark(self, values: torch.Tensor) -> None:
+        """Set the flag if any of ``values`` is not finite (no host read)."""
+        self.bad.logical_or_(~torch.isfinite(values).all())
+
+    def queue(self) -> None:
+        """Queue this step's flag (a copy: the next step resets it); raise
+        through ``on_set`` on one that is ready and set."""
+        flag = self.bad.to(torch.int32)
+        self.bad.zero_()
+
+        def poll() -> bool:
+            self._lazy.push_flag(flag)
+            if self._lazy.poll():
+                self._on_set()
+            return True
+
+        if capturing():  # every replay queues its flag
+            after_replay(poll)
+        else:
+            poll()
+
+    def check(self) -> None:
+        """Wait for every queued flag; raise through ``on_set`` if one is set."""
+        if self._lazy.poll(block=True):
+            self._on_set()

@@ -19,7 +19,7 @@ momentum, the cell and the step's sums are float64 tensors updated in place,
 and the cell's arithmetic is two Warp kernels (``_barostat_device``). No value
 is read on the host, so on a GPU a steady step is captured in a CUDA graph and
 replayed (``StepGraphs``); a diverged chain or cell momentum is reported from a
-flag read without blocking (``LazyFiniteCheck``), as for
+flag read without blocking (``DivergenceFlag``), as for
 :class:`~nvdd.dynamics.NoseHooverNVT`.
 """
 
@@ -38,8 +38,6 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     ValidationError,
-    after_replay,
-    capturing,
 )
 from nvdd.dynamics._barostat_device import (
     RowKernel,
@@ -49,7 +47,7 @@ from nvdd.dynamics._barostat_device import (
 )
 from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
-from nvdd.dynamics._finite import LazyFiniteCheck
+from nvdd.dynamics._finite import DivergenceFlag
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, Array, host, per_system_column, reduce_step
 
@@ -165,8 +163,7 @@ class MTKNPT(BaseDynamics):
         self._cell: torch.Tensor | None = None  # the cell (S, 3, 3); the batch gets copies
         self._p_ext = torch.zeros(1, dtype=torch.float64)  # on the device from the start
         self._p_ext_bar = math.nan  # the pressure _p_ext holds
-        self._diverged = LazyFiniteCheck()
-        self._bad = torch.zeros((), dtype=torch.bool)
+        self._diverged = DivergenceFlag(self._raise_diverged)
         self._kernels: tuple[SystemKernel, SystemKernel] | None = None
         self._rows: RowKernel | None = None
         self._started_bath = self._bath()
@@ -221,8 +218,7 @@ class MTKNPT(BaseDynamics):
             or the cell momentum diverged.
         """
         kin, _ = self._need("conserved_energy")
-        if self._diverged.poll(block=True):
-            self._raise_diverged()
+        self._diverged.check()
         if self._energy is None:
             raise ValidationError(
                 f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
@@ -401,7 +397,7 @@ class MTKNPT(BaseDynamics):
         self._p_ext_bar = math.nan
         self._e = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
         self._phi = torch.zeros(n_sys, 9, dtype=torch.float64, device=dev)
-        self._bad = torch.zeros((), dtype=torch.bool, device=dev)
+        self._diverged.reset(dev)
         self._kernels = (
             SystemKernel(cell_kick_kernel, n_sys, dev),
             SystemKernel(propagators_kernel, n_sys, dev),
@@ -430,7 +426,7 @@ class MTKNPT(BaseDynamics):
         self.barostat.k2.copy_(sq / self._w_dev)
         scale = self.barostat.propagate_(d)
         p.mul_(scale.unsqueeze(1))
-        self._bad.logical_or_(~torch.isfinite(scale).all())
+        self._diverged.mark(scale)
 
     def _thermostat_chain(self, d: float) -> None:
         assert self.thermostat is not None and self._kin is not None
@@ -440,7 +436,7 @@ class MTKNPT(BaseDynamics):
         kin.mul_((scale * scale).unsqueeze(1))
         b = self.batch
         b.velocities.mul_(per_system_column(scale, b))
-        self._bad.logical_or_(~torch.isfinite(scale).all())
+        self._diverged.mark(scale)
 
     def _cell_kick(self, d: float) -> None:
         assert self._kernels is not None and self._cell is not None and self.p_cell is not None
@@ -466,7 +462,7 @@ class MTKNPT(BaseDynamics):
         e, phi = self._propagators(d, kick=True)
         v = b.velocities
         self._rows(v, b.forces, b.masses, b.system_index, e, phi, d, True, v)
-        self._bad.logical_or_(~torch.isfinite(self.p_cell).all())
+        self._diverged.mark(self.p_cell)
 
     def _drift(self, d: float) -> None:
         """Positions and cell over ``d``: affine growth plus the particles' motion."""
@@ -477,22 +473,6 @@ class MTKNPT(BaseDynamics):
         self._rows(x, b.velocities, b.masses, b.system_index, e, phi, d, False, x)
         self._cell.copy_(torch.bmm(self._cell, e.view(-1, 3, 3)))
         self.batch = b.replace(cell=self._cell.to(b.dtype, copy=True))
-
-    def _check(self) -> None:
-        """Queue this step's divergence flag (a copy: the next step resets it);
-        raise on one that is ready and set."""
-        flag = self._bad.to(torch.int32)
-        self._bad.zero_()
-        if capturing():  # every replay queues its flag
-            after_replay(lambda: self._poll(flag))
-        else:
-            self._poll(flag)
-
-    def _poll(self, flag: torch.Tensor) -> bool:
-        self._diverged.push_flag(flag)
-        if self._diverged.poll():
-            self._raise_diverged()
-        return True
 
     def _raise_diverged(self) -> None:
         raise ValidationError(
@@ -527,4 +507,4 @@ class MTKNPT(BaseDynamics):
         self._cell_kick(half)
         self._thermostat_chain(half)
         self._barostat_chain(half)
-        self._check()
+        self._diverged.queue()

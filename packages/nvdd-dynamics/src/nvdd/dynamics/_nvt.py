@@ -8,7 +8,7 @@ and the energy, one all-reduce under DD) feeds a
 half step) whose scale factors multiply the velocities in place. No value is
 read on the host, so on a GPU a steady step is captured in a CUDA graph and
 replayed like a velocity-Verlet step (``StepGraphs``); a diverged chain is
-reported from a flag read without blocking (``LazyFiniteCheck``), at most a few
+reported from a flag read without blocking (``DivergenceFlag``), at most a few
 steps late on CUDA and at once on the CPU.
 """
 
@@ -25,12 +25,10 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     ValidationError,
-    after_replay,
-    capturing,
 )
 from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
-from nvdd.dynamics._finite import LazyFiniteCheck
+from nvdd.dynamics._finite import DivergenceFlag
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, host, per_system_column, reduce_step
 
@@ -96,8 +94,7 @@ class NoseHooverNVT(BaseDynamics):
         self.chain_length, self.n_loops = int(chain_length), int(n_loops)
         self.chain: DeviceNoseHooverChain | None = None
         self._energy: torch.Tensor | None = None  # the last step's energy (device)
-        self._diverged = LazyFiniteCheck()
-        self._bad = torch.zeros((), dtype=torch.bool)  # a factor of this step diverged
+        self._diverged = DivergenceFlag(self._raise_diverged)
         self._chain_bath = self._bath()  # (temperature, tau, length, loops) of the chain
 
     @property
@@ -142,33 +139,17 @@ class NoseHooverNVT(BaseDynamics):
         q[:, 0] *= n_dof
         chain = DeviceNoseHooverChain(n_dof, self.kT, q, self.n_loops, device=self.batch.device)
         chain.k2.copy_(self._k2(summed))
-        self._bad = torch.zeros((), dtype=torch.bool, device=self.batch.device)
+        self._diverged.reset(self.batch.device)
         self.chain, self._chain_bath = chain, self._bath()
 
     def _thermostat(self) -> None:
         """A chain half step and the velocities scaled by it (in place); a
-        non-finite factor sets :attr:`_bad` (device, read once per step)."""
+        non-finite factor sets the divergence flag (device, read once per step)."""
         assert self.chain is not None
         scale = self.chain.propagate_(0.5 * self.dt)
         b = self.batch
         b.velocities.mul_(per_system_column(scale, b))
-        self._bad.logical_or_(~torch.isfinite(scale).all())
-
-    def _check(self) -> None:
-        """Queue this step's divergence flag (a copy: the next step resets it);
-        raise on one that is ready and set."""
-        flag = self._bad.to(torch.int32)
-        self._bad.zero_()
-        if capturing():  # every replay queues its flag
-            after_replay(lambda: self._poll(flag))
-        else:
-            self._poll(flag)
-
-    def _poll(self, flag: torch.Tensor) -> bool:
-        self._diverged.push_flag(flag)
-        if self._diverged.poll():
-            self._raise_diverged()
-        return True
+        self._diverged.mark(scale)
 
     def _raise_diverged(self) -> None:
         assert self.chain is not None
@@ -202,7 +183,7 @@ class NoseHooverNVT(BaseDynamics):
         assert self.chain is not None
         self.chain.k2.copy_(self._k2(self._reduce()))
         self._thermostat()
-        self._check()
+        self._diverged.queue()
 
     # ------------------------------------------------------ what is kept
     def conserved_energy(self) -> torch.Tensor:
@@ -218,8 +199,7 @@ class NoseHooverNVT(BaseDynamics):
         """
         if self.chain is None:
             raise ValidationError("conserved_energy: take a step first")
-        if self._diverged.poll(block=True):
-            self._raise_diverged()
+        self._diverged.check()
         if self._energy is None:
             raise ValidationError(
                 f"conserved_energy: {type(self.model).__name__} returns no 'energy'"
@@ -251,5 +231,5 @@ class NoseHooverNVT(BaseDynamics):
         chain.k2.copy_(torch.as_tensor(host(arrays["k2"])))
         if "energy" in arrays:
             self._energy = torch.as_tensor(host(arrays["energy"]), device=device)
-        self._bad = torch.zeros((), dtype=torch.bool, device=device)
+        self._diverged.reset(device)
         self.chain, self._chain_bath = chain, self._bath()
