@@ -192,13 +192,17 @@ def test_non_finite_values_in_a_replayed_step_raise() -> None:
     assert dyn.graphs.captures == 1 and not dyn.graphs.active
 
 
-def _dp_case(graphs: bool) -> dict[str, Any]:
-    return _trajectory(_hot(), 50, graphs=graphs, dp=True, hooks=True)
+def _dp_case(graphs: bool, integrator: str = "nve") -> dict[str, Any]:
+    return _trajectory(_hot(), 50, graphs=graphs, dp=True, hooks=True, integrator=integrator)
 
 
-def test_domain_parallel_on_one_rank_replays_the_whole_batch_step() -> None:
-    (eager,) = run_ranks(_dp_case, 1, False)
-    (graphed,) = run_ranks(_dp_case, 1, True)
+@pytest.mark.parametrize("integrator", ["nve", "nvt-nh", "npt"])
+def test_domain_parallel_on_one_rank_replays_the_whole_batch_step(integrator: str) -> None:
+    """A world of one runs the model on the whole batch: its steps are captured
+    with the integrator's reduction (an all-reduce of one rank) inside, for
+    NVT-NH's chain and NPT's chains and cell too."""
+    (eager,) = run_ranks(_dp_case, 1, False, integrator)
+    (graphed,) = run_ranks(_dp_case, 1, True, integrator)
     _assert_same(graphed, eager)
     assert graphed["seen"] == eager["seen"] != []
     assert graphed["captures"] >= 1 and graphed["replays"] > 30
@@ -381,10 +385,12 @@ def _dp_cuda(
 
 
 @pytest.mark.gpu
-def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step() -> None:
-    (eager,) = run_ranks(_dp_cuda, 1, False, backend="nccl", start_method="spawn")
-    (graphed,) = run_ranks(_dp_cuda, 1, True, backend="nccl", start_method="spawn")
-    for key in ("positions", "velocities", "forces", "energy"):
+@pytest.mark.parametrize("integrator", ["nve", "npt"])
+def test_domain_parallel_on_one_gpu_replays_the_whole_batch_step(integrator: str) -> None:
+    args = (False, integrator)
+    (eager,) = run_ranks(_dp_cuda, 1, False, *args, backend="nccl", start_method="spawn")
+    (graphed,) = run_ranks(_dp_cuda, 1, True, *args, backend="nccl", start_method="spawn")
+    for key in ("positions", "velocities", "forces", "energy", "cell"):
         torch.testing.assert_close(graphed[key], eager[key], **_close(torch.float64), msg=key)
     assert graphed["replays"] > 30 and graphed["calls"] == eager["calls"]
 
