@@ -16,7 +16,8 @@ bit-identical on every rank.
 Everything a step does after the first stays on the atoms' device: the chains
 are :class:`~nvdd.dynamics._chain_device.DeviceNoseHooverChain`, the cell
 momentum, the cell and the step's sums are float64 tensors updated in place,
-and the cell's arithmetic is two Warp kernels (``_barostat_device``). No value
+the cell's arithmetic is two Warp kernels and the particles' kick and drift
+one more (``_barostat_device``). No value
 is read on the host, so on a GPU a steady step is captured in a CUDA graph and
 replayed (``StepGraphs``); a diverged chain or cell momentum is reported from a
 flag read without blocking (``DivergenceFlag``), as for
