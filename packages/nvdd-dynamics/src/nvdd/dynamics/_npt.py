@@ -463,6 +463,7 @@ class MTKNPT(BaseDynamics):
         e, phi = self._propagators(d, kick=True)
         v = b.velocities
         self._rows(v, b.forces, b.masses, b.system_index, e, phi, d, True, v)
+        assert self.p_cell is not None
         self._diverged.mark(self.p_cell)
 
     def _drift(self, d: float) -> None:
