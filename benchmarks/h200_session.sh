@@ -19,6 +19,7 @@
 #        (A/B of the capture's memory pools: rebuild cycles, halo forced),
 #        h1cells (the device list's cells per search radius: builds and LJ steps),
 #        h1rows (the list build's thread order: builds, LJ steps, models GPU tests),
+#        h1timeline (host, device and waits of forced rebuild steps, halo forced),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -316,6 +317,14 @@ h1nptab)
     echo "--- cells $c: base (host NPT)"
     (cd /tmp/nvdd-base && PYTHONPATH="$base_path" timeout 150 python3 benchmarks/bench_ensembles.py timing --device cuda \
       --cells $c --steps ${ENS_STEPS:-200} --json "$out/ens_base_$c.json" 2>&1 | quiet | grep -v Warning | grep npt)
+  done
+  ;;
+h1timeline)
+  for cells in 63 40; do
+    step "LJ fp32 cells=$cells, halo forced on one GPU: timeline of forced rebuild steps"
+    timeout 240 python3 benchmarks/timeline_dd.py --device cuda --cells $cells --dtype float32 \
+      --steps 2 --warmup 20 --top 45 --chrome "$out/timeline_$cells.json" 2>&1 | quiet
+    gzip -f "$out/timeline_$cells.json"
   done
   ;;
 x2big)

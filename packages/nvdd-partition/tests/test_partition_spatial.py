@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from partition_testlib import KINDS, cell_for, make_batch, positions_for
@@ -333,6 +335,12 @@ def test_halo_config_carries_the_boxes() -> None:
     four = SpatialPartitioner.from_batch(batch, 4, 2.5)
     with pytest.raises(ConfigurationError, match="4 boxes per system but the group has 1"):
         four.halo_config()
+    # made and checked once (every halo rebuild asks), still right after a pickle
+    assert part.halo_config() is cfg
+    again = pickle.loads(pickle.dumps(part)).halo_config()
+    assert again is not cfg and torch.equal(again.boxes, cfg.boxes)
+    with pytest.raises(ConfigurationError, match="4 boxes per system"):
+        four.halo_config()  # (a failed check is not cached)
 
 
 def test_repr_names_grid_and_balance() -> None:

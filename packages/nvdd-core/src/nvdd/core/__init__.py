@@ -63,6 +63,7 @@ from nvdd.core._strain import (
     skin_exceeded,
 )
 from nvdd.core._sum_by_system import ONE_HOT_SYSTEMS, sum_by_system
+from nvdd.core._warp_launch import RecordedKernel
 from nvdd.core._warp_stream import warp_stream
 from nvdd.core._watchdog import (
     DEFAULT_WATCHDOG_S,
@@ -99,6 +100,7 @@ __all__ = [
     "RankFailedError",
     "RankProgress",
     "RankTimeoutError",
+    "RecordedKernel",
     "StepGraph",
     "TensorMemo",
     "ValidationError",

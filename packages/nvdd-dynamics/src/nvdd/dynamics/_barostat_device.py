@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import warp as wp
 
-from nvdd.core import capturing, record_launch, warp_stream
+from nvdd.core import RecordedKernel
 from nvdd.dynamics._barostat_kernels import (
     affine_rows_kernel,
     cell_kick_kernel,
@@ -52,19 +52,16 @@ __all__ = [
 
 #: Warp's Python API, untyped for mypy (its stubs type the kernel language, not this use).
 _wp: Any = wp
-_F64 = _wp.float64
 
 
 class RowKernel:
-    """``affine_rows_kernel`` over the atoms: one recorded launch per dtype whose
-    changed arguments (a new tensor, a new row count) are set before it runs;
-    torch's current stream on CUDA; registered with an emulated capture; a
-    plain launch on a test's fake device."""
+    """``affine_rows_kernel`` over the atoms (``nvdd.core.RecordedKernel``: one
+    recorded launch per dtype and role, whose changed arguments are set before
+    it runs)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        # one record per dtype and role (a kick divides by the masses, a drift not)
-        self._records: dict[tuple[torch.dtype, bool], tuple[Any, list[Any], int]] = {}
+        self._kernel = RecordedKernel(affine_rows_kernel, doubles=(6,), prepare=_declare_rows)
 
     def __call__(
         self,
@@ -79,61 +76,10 @@ class RowKernel:
         out: torch.Tensor,
     ) -> None:
         """``out = y E + c z Phi`` row by row (module notes); ``out`` may be ``y``."""
-        n = int(y.shape[0])
-        if n == 0:
-            return
         args = (y, z, masses, system, e, phi, float(c), int(divide), int(e.shape[0] == 1), out)
-        if self.device.type not in ("cpu", "cuda"):  # a test's fake device: a plain launch
-            warp_ready()
-            _wp.launch(affine_rows_kernel, dim=n, inputs=_warp_args(args),
-                       device=_wp.device_from_torch(self.device))  # fmt: skip
-            return
-        keys = [_key(a) for a in args]
-        role = (y.dtype, bool(divide))
-        found = self._records.get(role)
-        if found is None:
-            _declare_rows()
-            launch = _wp.launch(affine_rows_kernel, dim=n, inputs=_warp_args(args),
-                                device=_wp.device_from_torch(self.device), record_cmd=True)  # fmt: skip
-            found = self._records[role] = (launch, keys, n)
-        launch, old, old_n = found
-        for k, (new, was) in enumerate(zip(keys, old, strict=True)):
-            if new != was:
-                launch.set_param_at_index(k, _warp_args(args[k : k + 1])[0])
-                old[k] = new
-        if n != old_n:
-            launch.set_dim(n)
-            self._records[role] = (launch, old, n)
-        self._run(launch)
-        if (
-            capturing()
-        ):  # an emulated capture replays this call's arguments (a CUDA one records them)
-            device = _wp.device_from_torch(self.device)
-            record_launch(
-                lambda: _wp.launch(
-                    affine_rows_kernel, dim=n, inputs=_warp_args(args), device=device
-                )
-            )
-
-    def _run(self, launch: Any) -> None:
-        if self.device.type == "cuda":
-            launch.launch(stream=warp_stream(torch.cuda.current_stream(self.device)))
-        else:
-            launch.launch()
-
-
-def _key(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        return (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype)
-    return (type(a), a)
-
-
-def _warp_args(args: tuple[Any, ...]) -> list[Any]:
-    return [
-        _wp.from_torch(a, requires_grad=False) if isinstance(a, torch.Tensor)
-        else _F64(a) if isinstance(a, float) else a
-        for a in args
-    ]  # fmt: skip
+        # one record per role (a kick divides by the masses, a drift not): each
+        # keeps its own tensors, so alternating kicks and drifts resets nothing
+        self._kernel(int(y.shape[0]), args, self.device, role=bool(divide))
 
 
 _ROWS_DECLARED: list[bool] = []
@@ -153,42 +99,18 @@ def _declare_rows() -> None:
 
 class SystemKernel:
     """One of this module's kernels over the systems of one integrator, with its
-    tensors fixed: launched from a recorded command per set of scalars (a few
-    microseconds of Python), on torch's current stream on CUDA; registered with
-    an emulated capture; a plain launch on a test's fake device."""
+    tensors fixed (``nvdd.core.RecordedKernel``: one recorded launch per set of
+    scalars, so a call resets nothing)."""
 
     def __init__(self, kernel: Any, n_systems: int, device: torch.device) -> None:
         self.kernel, self.n_systems, self.device = kernel, int(n_systems), device
-        self._records: dict[tuple[Any, ...], Any] = {}
+        self._launcher: RecordedKernel | None = None
 
     def __call__(self, *args: Any) -> None:
         """Launch with ``args`` (tensors, Python floats for ``float64``
         parameters, ints), the same tensors at every call."""
-        key = tuple(a for a in args if not isinstance(a, torch.Tensor))
-        launch = self._records.get(key)
-        if launch is None and self.device.type in ("cpu", "cuda"):
-            _declare_rows()  # (every overload of the module before its first launch)
-            launch = self._records[key] = _wp.launch(
-                self.kernel, dim=self.n_systems, inputs=self._inputs(args),
-                device=_wp.device_from_torch(self.device), record_cmd=True,
-            )  # fmt: skip
-        self._run(launch, args)
-        if capturing():  # an emulated capture replays the launch (a CUDA one records it)
-            record_launch(lambda: self._run(launch, args))
-
-    def _inputs(self, args: tuple[Any, ...]) -> list[Any]:
-        return [
-            _wp.from_torch(a, requires_grad=False) if isinstance(a, torch.Tensor)
-            else _F64(a) if isinstance(a, float) else a
-            for a in args
-        ]  # fmt: skip
-
-    def _run(self, launch: Any, args: tuple[Any, ...]) -> None:
-        if self.device.type == "cuda":
-            launch.launch(stream=warp_stream(torch.cuda.current_stream(self.device)))
-        elif launch is not None:
-            launch.launch()
-        else:  # a test's fake device: a plain launch, which its checks see
-            warp_ready()
-            _wp.launch(self.kernel, dim=self.n_systems, inputs=self._inputs(args),
-                       device=_wp.device_from_torch(self.device))  # fmt: skip
+        if self._launcher is None:
+            doubles = [k for k, a in enumerate(args) if isinstance(a, float)]
+            self._launcher = RecordedKernel(self.kernel, doubles=doubles, prepare=_declare_rows)
+        role = tuple(a for a in args if not isinstance(a, torch.Tensor))
+        self._launcher(self.n_systems, args, self.device, role=role)

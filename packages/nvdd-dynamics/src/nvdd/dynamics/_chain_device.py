@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import warp as wp
 
-from nvdd.core import capturing, record_launch, warp_stream
+from nvdd.core import RecordedKernel
 from nvdd.dynamics._nose_hoover import (
     MAX_CHAIN_LOOPS,
     SUZUKI_YOSHIDA_4,
@@ -151,7 +151,8 @@ class DeviceNoseHooverChain(ChainState):
         self._q = torch.as_tensor(q, dtype=f64, device=dev)
         self._target = torch.as_tensor(dof * self.kT, dtype=f64, device=dev)
         self._weights = torch.tensor(SUZUKI_YOSHIDA_4, dtype=f64, device=dev)
-        self._launches: dict[float, tuple[Any, int]] = {}
+        self._kernel = RecordedKernel(_half_step, doubles=(6, 7))
+        self._loops: dict[float, int] = {}
         self.last_loops = self.n_loops
 
     def sub_steps(self, dt: float) -> int:
@@ -163,39 +164,16 @@ class DeviceNoseHooverChain(ChainState):
         no host synchronisation; capturable). Returns :attr:`scale`: multiply
         the momenta of system ``s`` by ``scale[s]`` (non-finite when the chain
         diverged)."""
-        launch, n = self._launch(float(dt))
+        dt = float(dt)
+        n = self._loops.get(dt)
+        if n is None:
+            n = self._loops[dt] = self.sub_steps(dt)
         self.last_loops = n
-        self._run(launch, float(dt), n)
-        if capturing():  # an emulated capture replays the launch (a CUDA one records it)
-            record_launch(lambda: self._run(launch, float(dt), n))
-        return self.scale
-
-    def _run(self, launch: Any, dt: float, n: int) -> None:
-        if self.device.type == "cuda":
-            launch.launch(stream=warp_stream(torch.cuda.current_stream(self.device)))
-        elif self.device.type == "cpu":
-            launch.launch()
-        else:  # a test's fake device: a plain launch, which its checks see
-            _wp.launch(_half_step, dim=self.k2.shape[0], inputs=self._inputs(dt, n),
-                       device=_wp.device_from_torch(self.device))  # fmt: skip
-
-    def _inputs(self, dt: float, n: int) -> list[Any]:
         tensors = (self.k2, self.p_xi, self.xi, self._q, self._target, self._weights)
-        arrays = [_wp.from_torch(t, requires_grad=False) for t in tensors]
-        return [*arrays, _F64(self.kT), _F64(dt), n, _wp.from_torch(self.scale)]
-
-    def _launch(self, dt: float) -> tuple[Any, int]:
-        """The recorded launch of a half step of ``dt`` (its tensors never move)."""
-        found = self._launches.get(dt)
-        if found is None:
-            warp_ready()
-            n = self.sub_steps(dt)
-            launch = None
-            if self.device.type in ("cpu", "cuda"):
-                launch = _wp.launch(_half_step, dim=self.k2.shape[0], inputs=self._inputs(dt, n),
-                                    device=_wp.device_from_torch(self.device), record_cmd=True)  # fmt: skip
-            found = self._launches[dt] = (launch, n)
-        return found
+        args = (*tensors, self.kT, dt, n, self.scale)
+        # (one recorded launch per time step: its tensors never move, a call resets nothing)
+        self._kernel(int(self.k2.shape[0]), args, self.device, role=dt)
+        return self.scale
 
     @classmethod
     def from_state(

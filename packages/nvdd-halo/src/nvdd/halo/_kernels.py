@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import warp as wp
 
-from nvdd.core import ValidationError, warp_stream
+from nvdd.core import RecordedKernel, ValidationError
 from nvdd.halo._warp_kernels import (
     COUNT_LIMIT,
     MAX_IMAGE_SPAN,
@@ -87,22 +87,11 @@ def _check(
         raise ValidationError(f"{name} (shape {tuple(t.shape)}) must be contiguous")
 
 
-#: A recorded launch per (kernel, device, argument types), with the identity of
-#: each argument it holds now: a new call resets only what changed. A fresh
-#: ``wp.launch`` with a new stream wrapper costs about 117 us of host time on an
-#: H200, a replayed one about 28 us (``benchmarks/micro_warp_launch.py``); the
-#: fold runs once per multi-rank step.
-_RECORDED: dict[tuple[Any, ...], tuple[Any, list[object], Any]] = {}
-
-
-def _identity(x: object) -> object:
-    if isinstance(x, torch.Tensor):
-        return (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
-    return (type(x), x)
-
-
-def _as_warp(x: object) -> object:
-    return _wp.from_torch(x) if isinstance(x, torch.Tensor) else x
+#: One ``nvdd.core.RecordedKernel`` per kernel (module-level: each holds its last
+#: arguments until the next call). A fresh ``wp.launch`` with a new stream
+#: wrapper costs about 117 us of host time on an H200, a replayed one about 28 us
+#: (``benchmarks/micro_warp_launch.py``); the fold runs once per multi-rank step.
+_KERNELS: dict[Any, RecordedKernel] = {}
 
 
 def _launch(
@@ -112,32 +101,10 @@ def _launch(
     if min(dims) == 0:
         return
     _ready()
-    if device.type not in ("cpu", "cuda"):  # (a test's fake device: its checks see every launch)
-        _wp.launch(kernel, dim=dim, inputs=[_as_warp(x) for x in inputs],
-                   device=_wp.device_from_torch(device))  # fmt: skip
-        return
-    kinds = tuple(x.dtype if isinstance(x, torch.Tensor) else type(x) for x in inputs)
-    key = (kernel, device, kinds)
-    now = [_identity(x) for x in inputs]
-    found = _RECORDED.get(key)
+    found = _KERNELS.get(kernel)
     if found is None:
-        cmd = _wp.launch(kernel, dim=dim, inputs=[_as_warp(x) for x in inputs],
-                         device=_wp.device_from_torch(device), record_cmd=True)  # fmt: skip
-        found = (cmd, now, dim)
-        _RECORDED[key] = found
-    else:
-        cmd, held, held_dim = found
-        for k, (new, old) in enumerate(zip(now, held, strict=True)):
-            if new != old:
-                cmd.set_param_at_index(k, _as_warp(inputs[k]))
-                held[k] = new
-        if dim != held_dim:
-            cmd.set_dim(dim)
-            _RECORDED[key] = (cmd, held, dim)
-    if device.type == "cuda":
-        found[0].launch(stream=warp_stream(torch.cuda.current_stream(device)))
-    else:
-        found[0].launch()
+        found = _KERNELS[kernel] = RecordedKernel(kernel)
+    found(dim, inputs, device)
 
 
 def compute_fractional(

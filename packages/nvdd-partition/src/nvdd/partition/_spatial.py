@@ -116,7 +116,7 @@ class SpatialPartitioner:
         without atoms when positions are given.
     """
 
-    __slots__ = ("_boxes", "_on_device", "_s")
+    __slots__ = ("_boxes", "_halo_configs", "_on_device", "_s")
 
     def __init__(
         self,
@@ -215,6 +215,7 @@ class SpatialPartitioner:
         # host memory each step would make a GPU wait for the host (domain_cell)
         # (and the cut table of one system: key (device, "cuts"))
         self._on_device: dict[tuple[torch.device, object], tuple[torch.Tensor, ...]] = {}
+        self._halo_configs: dict[object, ParticleHaloConfig] = {}  # per group
 
     def __getstate__(self) -> dict[str, _State]:
         """Only the state travels: the boxes are derived, and the device copies
@@ -777,21 +778,22 @@ class SpatialPartitioner:
         return int.from_bytes(h.digest(), "little") & ((1 << 62) - 1)
 
     def halo_config(self, group: ProcessGroup | None = None) -> ParticleHaloConfig:
-        """The :class:`nvdd.halo.ParticleHaloConfig` of these boxes.
-
-        Build the halo plan with ``cell=self.domain_cell(batch.cell)``.
-        """
+        """The :class:`nvdd.halo.ParticleHaloConfig` of these boxes (made and checked
+        once per group: every halo rebuild asks). Build the halo plan with
+        ``cell=self.domain_cell(batch.cell)``."""
         from nvdd.halo import ParticleHaloConfig
 
-        world = get_world_size(group)
-        if world != self.world_size:
-            raise ConfigurationError(
-                f"the partitioner has {self.world_size} boxes per system but the group has "
-                f"{world} ranks"
+        if group not in self._halo_configs:
+            world = get_world_size(group)
+            if world != self.world_size:
+                raise ConfigurationError(
+                    f"the partitioner has {self.world_size} boxes per system but the group "
+                    f"has {world} ranks"
+                )
+            self._halo_configs[group] = ParticleHaloConfig(
+                boxes=self.boxes, pbc=self.pbc, ghost_width=self.ghost_width, group=group
             )
-        return ParticleHaloConfig(
-            boxes=self.boxes, pbc=self.pbc, ghost_width=self.ghost_width, group=group
-        )
+        return self._halo_configs[group]
 
 
 def _replace_counts(state: _State, counts: torch.Tensor) -> _State:
