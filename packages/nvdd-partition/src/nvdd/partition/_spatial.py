@@ -41,6 +41,7 @@ from nvdd.partition._geometry import (
     owner_fractional,
     wrap_fractional,
 )
+from nvdd.partition._migrate_kernel import kernel_destinations
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -218,9 +219,8 @@ class SpatialPartitioner:
         self._halo_configs: dict[object, ParticleHaloConfig] = {}  # per group
 
     def __getstate__(self) -> dict[str, _State]:
-        """Only the state travels: the boxes are derived, and the device copies
-        belong to this process's devices (unpickled elsewhere they would land on
-        another rank's GPU)."""
+        """Only the state travels: the boxes are derived, the device copies belong
+        to this process's devices (elsewhere they would land on another's GPU)."""
         return {"state": self._s}
 
     def __setstate__(self, data: dict[str, _State]) -> None:
@@ -241,9 +241,8 @@ class SpatialPartitioner:
         return found
 
     def _inverse_domain(self, cell: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        """``inv(domain_cell(cell))`` in float64 on ``device``. The domain cell is
-        non-singular by construction, so ``inv_ex`` (no error check: no host read
-        on a GPU) gives ``inv``'s values."""
+        """``inv(domain_cell(cell))`` in float64 on ``device``: ``inv_ex`` (no error
+        check, no host read on a GPU; the domain cell is non-singular)."""
         dc = self.domain_cell(cell).to(device, torch.float64)
         inverse: torch.Tensor = torch.linalg.inv_ex(dc).inverse
         return inverse
@@ -486,12 +485,10 @@ class SpatialPartitioner:
 
     def _locate(self, frac: torch.Tensor, si: torch.Tensor) -> torch.Tensor:
         if self.n_systems == 1:
-            key = (frac.device, "cuts")
-            inner = self._on_device.get(key)
-            if inner is None:
-                inner = self._s.tables[0].inner_cuts(frac.device)
-                self._on_device[key] = inner
-            return self._s.tables[0].locate(frac, inner)
+            key, table = (frac.device, "cuts"), self._s.tables[0]
+            inner = self._on_device.get(key) or table.inner_cuts(frac.device)
+            self._on_device[key] = inner
+            return table.locate(frac, inner)
         out = torch.empty(frac.shape[0], dtype=torch.int64, device=frac.device)
         order = torch.argsort(si, stable=True)
         counts = torch.bincount(si, minlength=self.n_systems).tolist()
@@ -543,8 +540,16 @@ class SpatialPartitioner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(wrapped positions, new owner) of atoms owned by ``rank``: ``rank`` while
         they stay inside its box grown by ``h``, else the owner of their position.
-        No host read with one system (every branch is a ``torch.where``): on a GPU
-        the rebuild's migration queues its kernels without waiting."""
+        One system: one Warp kernel (``_migrate_kernel``); more: torch operations,
+        every branch a ``torch.where``. No host read (on a GPU the rebuild's
+        migration queues its kernels without waiting)."""
+        if self.n_systems == 1:
+            return kernel_destinations(self, positions, rank, h, cell)
+        return self._torch_destinations(positions, si, rank, h, cell)
+
+    def _torch_destinations(
+        self, positions: torch.Tensor, si: torch.Tensor, rank: int, h: float, cell: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         wrapped = self.wrap_positions(positions, si, cell=cell)
         frac = self._frac(wrapped, si, cell, wrapped=True)
         here = torch.full_like(si, rank)
@@ -562,13 +567,8 @@ class SpatialPartitioner:
         keep: torch.Tensor,
         cell: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Kept atoms moved to the periodic image nearest their owner's box.
-
-        An atom kept through hysteresis across a periodic face must sit next to
-        its owner's box, not at its wrapped position on the far side of the cell:
-        the halo selects ghosts around the owner's box, so its neighbours are
-        there.
-        """
+        """Kept atoms moved to the periodic image nearest their owner's box (the
+        halo selects their ghosts around that box, not where they wrapped to)."""
         _, pbc, boxes = self._domain_on(frac.device, torch.float64)
         if self.n_systems == 1:
             box, periodic = boxes[0, rank], pbc[0] & keep[:, None]  # box broadcasts

@@ -1,0 +1,208 @@
+"""Where each owned atom goes at a migration, in one Warp kernel (one system).
+
+``SpatialPartitioner._destinations`` as torch operations is about 130 kernel
+launches and 350 operator calls over the atoms (two wrapping passes, the
+fractional coordinates, the grown-box test with its periodic images, the
+nearest image, the cut-table lookup), each paying host time on a GPU; a
+timeline of a halo rebuild on one H200 showed the rebuild step bound by host
+time (``docs/design.md``, "One Warp launcher"). Here one thread per atom does
+the same arithmetic in float64:
+
+1. wrap (two passes of ``lattice_shifts``: ``floor(frac)`` on periodic axes,
+   except 0 for a point below a lower face by no more than ``tol``), each
+   subtracting the lattice vectors in the positions' dtype;
+2. the fractional coordinates of the wrapped position, clamped into ``[0, 1)``
+   on periodic axes (``owner_fractional``);
+3. kept while inside this rank's box grown by ``grow`` on every axis (with the
+   images one period away on periodic axes when the hysteresis is positive);
+4. a kept atom, with a positive hysteresis, moves to the periodic image nearest
+   its box (``round(centre - frac)``, ties to even as ``torch.round``); a
+   leaving atom's owner is found in the nested cut table (``CutTable.locate``:
+   the count of inner cuts at or below the coordinate, per axis);
+5. a row with a non-finite coordinate keeps its position and this rank.
+
+The matrix products sum in a fixed order and may differ from torch's in the
+last bit, so a point within rounding of a face can be wrapped or owned
+differently from ``wrap_positions`` / ``owner_of``: every rank migrates with
+this kernel, and the halo selects ghosts with a rounding margin, so either
+side of such a face is a valid owner.
+"""
+
+# mypy: disable-error-code="valid-type,misc,no-untyped-def,untyped-decorator,arg-type,assignment,operator,index,no-any-return,name-defined,call-overload,attr-defined,return-value,call-arg,type-var"
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import warp as wp
+
+from nvdd.core import RecordedKernel
+from nvdd.partition._geometry import face_tolerance
+
+if TYPE_CHECKING:
+    from nvdd.partition._spatial import SpatialPartitioner
+
+__all__ = ["destinations_kernel", "kernel_destinations", "one_system_destinations"]
+
+_F64 = wp.float64
+
+
+@wp.func
+def _inner_count(x: _F64, cuts: Any, n: int) -> int:
+    """How many of ``cuts[1 .. n-1]`` (the inner cuts of ``n`` boxes) are <= ``x``."""
+    count = int(0)  # noqa: UP018, RUF046 (a dynamic variable in Warp's kernel language)
+    for m in range(1, n):
+        if cuts[m] <= x:
+            count = count + 1
+    return count
+
+
+@wp.kernel
+def destinations_kernel(
+    positions: wp.array2d(dtype=Any),
+    domain: wp.array2d(dtype=_F64),
+    inverse: wp.array2d(dtype=_F64),
+    periodic: wp.array(dtype=wp.int32),
+    tol: _F64,
+    box: wp.array2d(dtype=_F64),
+    grow: wp.array(dtype=_F64),
+    images: wp.int32,
+    rank: wp.int32,
+    c0: wp.array(dtype=_F64),
+    c1: wp.array2d(dtype=_F64),
+    c2: wp.array3d(dtype=_F64),
+    wrapped: wp.array2d(dtype=Any),
+    dest: wp.array(dtype=wp.int64),
+):
+    i = wp.tid()
+    x = wp.vector(positions[i, 0], positions[i, 1], positions[i, 2])
+    if not (wp.isfinite(x[0]) and wp.isfinite(x[1]) and wp.isfinite(x[2])):
+        for b in range(3):
+            wrapped[i, b] = x[b]
+        dest[i] = wp.int64(rank)
+        return
+    zero = _F64(0.0)
+    f = wp.vector(zero, zero, zero)
+    for _ in range(2):
+        for a in range(3):
+            f[a] = (
+                _F64(x[0]) * inverse[0, a] + _F64(x[1]) * inverse[1, a] + _F64(x[2]) * inverse[2, a]
+            )
+        s = wp.vector(zero, zero, zero)
+        for a in range(3):
+            near = f[a] < zero and f[a] >= -tol
+            if periodic[a] != 0 and not near:
+                s[a] = wp.floor(f[a])
+        for b in range(3):
+            delta = s[0] * domain[0, b] + s[1] * domain[1, b] + s[2] * domain[2, b]
+            x[b] = x[b] - type(x[b])(delta)
+    below_one = _F64(1.0) - _F64(1.1102230246251565e-16)  # 1 - eps(float64) / 2
+    keep = bool(True)  # noqa: UP018 (a dynamic variable in Warp's kernel language)
+    for a in range(3):
+        f[a] = _F64(x[0]) * inverse[0, a] + _F64(x[1]) * inverse[1, a] + _F64(x[2]) * inverse[2, a]
+        if periodic[a] != 0:
+            f[a] = wp.min(wp.max(f[a], zero), below_one)
+        lo = box[0, a] - grow[a]
+        hi = box[1, a] + grow[a]
+        inside = f[a] >= lo and f[a] < hi
+        if images != 0 and periodic[a] != 0:
+            down = f[a] + _F64(-1.0)
+            up = f[a] + _F64(1.0)
+            inside = inside or (down >= lo and down < hi) or (up >= lo and up < hi)
+        keep = keep and inside
+    if keep:
+        if images != 0:
+            s = wp.vector(zero, zero, zero)
+            for a in range(3):
+                if periodic[a] != 0:  # ties to even, as torch.round
+                    s[a] = wp.rint(_F64(0.5) * (box[0, a] + box[1, a]) - f[a])
+            for b in range(3):  # (the product in the positions' dtype, as torch)
+                e0 = type(x[b])(s[0]) * type(x[b])(domain[0, b])
+                e1 = type(x[b])(s[1]) * type(x[b])(domain[1, b])
+                e2 = type(x[b])(s[2]) * type(x[b])(domain[2, b])
+                x[b] = x[b] + (e0 + e1 + e2)
+        dest[i] = wp.int64(rank)
+    else:
+        p1 = c1.shape[1] - 1
+        p2 = c2.shape[2] - 1
+        ii = _inner_count(f[0], c0, c0.shape[0] - 1)
+        jj = _inner_count(f[1], c1[ii], p1)
+        kk = _inner_count(f[2], c2[ii, jj], p2)
+        dest[i] = wp.int64((ii * p1 + jj) * p2 + kk)
+    for b in range(3):
+        wrapped[i, b] = x[b]
+
+
+_DECLARED: list[bool] = []
+
+
+def _declare() -> None:
+    if _DECLARED:
+        return
+    warp: Any = wp  # (Warp's stubs type its kernel language, not this use)
+    for scalar in (warp.float32, warp.float64):
+        rows = warp.array2d(dtype=scalar)
+        warp.overload(destinations_kernel, {"positions": rows, "wrapped": rows})
+    _DECLARED.append(True)
+
+
+_KERNEL = RecordedKernel(destinations_kernel, doubles=(4,), prepare=_declare)
+
+
+def one_system_destinations(
+    positions: torch.Tensor,
+    domain: torch.Tensor,
+    inverse: torch.Tensor,
+    pbc: torch.Tensor,
+    box: torch.Tensor,
+    h: float,
+    rank: int,
+    cuts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tol: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(wrapped positions, new owner)`` of this rank's atoms of one system.
+
+    ``domain`` and ``inverse``: float64 ``(3, 3)``; ``pbc``: bool ``(3,)``;
+    ``box``: float64 ``(2, 3)`` (this rank's box); ``cuts``: the system's full
+    cut table ``(c0, c1, c2)`` in float64; all on the positions' device.
+    ``h``: the hysteresis (Angstrom), converted per axis here as
+    ``SpatialPartitioner._keeps`` does. No host read.
+    """
+    dev = positions.device
+    pos = positions.detach().contiguous()
+    n = int(pos.shape[0])
+    wrapped = torch.empty_like(pos)
+    dest = torch.empty(n, dtype=torch.int64, device=dev)
+    # h / interplanar spacing, with the spacing's own rounding (as _keeps)
+    grow = (h / (1.0 / torch.linalg.vector_norm(inverse, dim=0))).contiguous()
+    args = [pos, domain.contiguous(), inverse.contiguous(), pbc.to(torch.int32), float(tol),
+            box.contiguous(), grow, int(h > 0.0), int(rank), *cuts, wrapped, dest]  # fmt: skip
+    _KERNEL(n, args, dev)
+    return wrapped, dest
+
+
+def kernel_destinations(
+    part: SpatialPartitioner,
+    positions: torch.Tensor,
+    rank: int,
+    h: float,
+    cell: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`one_system_destinations` with ``part``'s geometry (one system):
+    the domain cell of ``cell`` and its inverse (one ``inv_ex``, no host
+    read), this rank's box and the cut table, copied to the device once."""
+    dev = positions.device
+    _, pbc, boxes = part._domain_on(dev, torch.float64)
+    key = (dev, "full cuts")
+    cuts = part._on_device.get(key)
+    if cuts is None:
+        table = part._s.tables[0]
+        cuts = tuple(c.to(dev, torch.float64).contiguous() for c in (table.c0, table.c1, table.c2))
+        part._on_device[key] = cuts
+    domain = part.domain_cell(cell).to(dev, torch.float64)[0]
+    inverse = torch.linalg.inv_ex(domain).inverse
+    return one_system_destinations(
+        positions, domain, inverse, pbc[0], boxes[0, rank], h, rank,
+        (cuts[0], cuts[1], cuts[2]), face_tolerance(positions.dtype),
+    )  # fmt: skip
