@@ -19,6 +19,7 @@
 #        (A/B of the capture's memory pools: rebuild cycles, halo forced),
 #        h1cells (the device list's cells per search radius: builds and LJ steps),
 #        h1rows (the list build's thread order: builds, LJ steps, models GPU tests),
+#        h1rebuildab (forced rebuild steps, this tree against .ab_base, alternated),
 #        h1timeline (host, device and waits of forced rebuild steps, halo forced),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
@@ -318,6 +319,21 @@ h1nptab)
     (cd /tmp/nvdd-base && PYTHONPATH="$base_path" timeout 150 python3 benchmarks/bench_ensembles.py timing --device cuda \
       --cells $c --steps ${ENS_STEPS:-200} --json "$out/ens_base_$c.json" 2>&1 | quiet | grep -v Warning | grep npt)
   done
+  ;;
+h1rebuildab)
+  # AB_BASE: a source copy of the base commit's packages (untracked, carried)
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for cells in 63 40; do
+    for leg in base new base new; do
+      step "LJ fp32 cells=$cells, halo forced on one GPU, 20 forced rebuilds timed alone: $leg"
+      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
+      PYTHONPATH="$pp" timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo \
+        --cells $cells --dtype float32 --warmup 20 --steps 20 --forced 20 2>&1 | quiet | grep "steady step"
+    done
+  done
+  step "LJ fp32 cells=63, halo forced: timeline of a forced rebuild step (this commit)"
+  timeout 200 python3 benchmarks/timeline_dd.py --device cuda --cells 63 --dtype float32 \
+    --steps 2 --warmup 20 --top 30 2>&1 | quiet | sed -n '1,/^host calls/p'
   ;;
 h1timeline)
   for cells in 63 40; do

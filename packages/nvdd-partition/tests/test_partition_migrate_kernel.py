@@ -27,11 +27,15 @@ def _moved(kind: str, n: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tens
     return pos, batch
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("hysteresis", [0.0, 0.4])
 def test_kernel_destinations_equal_the_torch_ones(
-    kind: str, dtype: torch.dtype, hysteresis: float
+    kind: str, dtype: torch.dtype, hysteresis: float, device: str
 ) -> None:
     """Same owner for every atom and the same wrapped position (to the last bits
     of a matrix product) on every boundary kind, with and without hysteresis,
@@ -40,7 +44,8 @@ def test_kernel_destinations_equal_the_torch_ones(
     for seed, world in ((0, 4), (5, 6), (9, 8)):
         pos, batch = _moved(kind, 300, dtype, seed)
         part = SpatialPartitioner.from_batch(batch, world, 2.5, skin=1.0)
-        si = torch.zeros(pos.shape[0], dtype=torch.int64)
+        pos, batch = pos.to(device), batch.to(device)
+        si = torch.zeros(pos.shape[0], dtype=torch.int64, device=device)
         for rank in (0, world - 1):
             wrapped, dest = part._destinations(pos, si, rank, hysteresis, batch.cell)
             ref_wrapped, ref_dest = part._torch_destinations(pos, si, rank, hysteresis, batch.cell)
@@ -56,9 +61,9 @@ def test_kernel_destinations_equal_the_torch_ones(
             # by rounding only stays where it is; hysteresis keeps some next to
             # their box, one period away)
             if kind != "open" and hysteresis == 0.0:
-                inv = torch.linalg.inv(part.domain_cell(batch.cell).double())
+                inv = torch.linalg.inv(part.domain_cell(batch.cell).double()).to(device)
                 frac = fractional(wrapped[finite], si[finite], inv)
-                periodic = part.pbc[0]
+                periodic = part.pbc[0].to(device)
                 assert bool((frac[:, periodic] >= -1e-12).all()), kind
                 assert bool((frac[:, periodic] < 1.0).all()), kind
 

@@ -167,6 +167,8 @@ class RecordedKernel:
         if min(dims) == 0:
             return
         wp = _warp()
+        if device.type == "cuda" and device.index is None:  # (Warp needs the ordinal)
+            device = torch.device("cuda", torch.cuda.current_device())
         prepare = self._prepare
         if prepare is not None:
             self._prepare = None
