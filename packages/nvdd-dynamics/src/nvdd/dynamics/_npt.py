@@ -463,8 +463,8 @@ class MTKNPT(BaseDynamics):
         e, phi = self._propagators(d, kick=True)
         v = b.velocities
         self._rows(v, b.forces, b.masses, b.system_index, e, phi, d, True, v)
-        assert self.p_cell is not None
-        self._diverged.mark(self.p_cell)
+        # (no mark of the cell momentum here: a non-finite one makes the
+        # barostat chain's scale non-finite by the end of the step, marked there)
 
     def _drift(self, d: float) -> None:
         """Positions and cell over ``d``: affine growth plus the particles' motion."""
