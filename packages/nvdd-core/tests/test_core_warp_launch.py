@@ -135,3 +135,22 @@ def test_cuda_launches_follow_new_tensors() -> None:
         k(n, [x, y, 0.5, 0.25, 1, out], dev, torch.float32)
         torch.testing.assert_close(out, 0.5 * x + y + 0.25)
     assert k.recorded == 1
+
+
+def test_a_record_keeps_no_replaced_tensor_alive() -> None:
+    """After a later call with new tensors, the first call's tensors are free
+    (a record must not pin a halo rebuild's old buffers)."""
+    import gc
+    import weakref
+
+    k = RecordedKernel(_axpy, floats=(2,), doubles=(3,))
+    cpu = torch.device("cpu")
+    first = [torch.ones(8), torch.ones(8), torch.zeros(8)]
+    refs = [weakref.ref(t) for t in first]
+    k(8, [first[0], first[1], 1.0, 0.0, 0, first[2]], cpu, torch.float32)
+    second = [torch.ones(8), torch.ones(8), torch.zeros(8)]
+    k(8, [second[0], second[1], 1.0, 0.0, 0, second[2]], cpu, torch.float32)
+    del first
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True, True]
+    assert torch.equal(second[2], torch.full((8,), 2.0))

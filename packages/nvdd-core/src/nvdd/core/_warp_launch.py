@@ -100,9 +100,12 @@ class RecordedKernel:
 
     Notes
     -----
-    A recorded launch keeps its last arguments alive: create one instance per
-    owner of the tensors (a neighbour list, a model, an integrator) so they go
-    with it. A module-level instance holds its last tensors until the next call.
+    A record holds its first call's tensors (as Warp arrays) until a later
+    call replaces them; replaced arguments are raw descriptors, which keep no
+    tensor alive (Warp 1.19 drops the array it held), so a launch never
+    outlives its tensors: every call passes them again and a replay without
+    a call never happens. Create one instance per owner of the tensors (a
+    neighbour list, a model, an integrator) so that the first call's go with it.
     """
 
     def __init__(
