@@ -20,6 +20,7 @@
 #        h1cells (the device list's cells per search radius: builds and LJ steps),
 #        h1rows (the list build's thread order: builds, LJ steps, models GPU tests),
 #        h1rebuildab (forced rebuild steps, this tree against .ab_base, alternated),
+#        h1traceab (a run's steps one by one, halo forced, this tree against .ab_base),
 #        h1timeline (host, device and waits of forced rebuild steps, halo forced),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
@@ -334,6 +335,18 @@ h1rebuildab)
   step "LJ fp32 cells=63, halo forced: timeline of a forced rebuild step (this commit)"
   timeout 200 python3 benchmarks/timeline_dd.py --device cuda --cells 63 --dtype float32 \
     --steps 2 --warmup 20 --top 30 2>&1 | quiet | sed -n '1,/^host calls/p'
+  ;;
+h1traceab)
+  # AB_BASE: a source copy of the base commit's packages (untracked, carried)
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for cells in 63 40; do
+    for leg in base new base new; do
+      step "LJ fp32 cells=$cells, halo forced on one GPU: 200 steps timed one by one (graphs on): $leg"
+      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
+      PYTHONPATH="$pp" timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo \
+        --cells $cells --dtype float32 --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A1 "trace ("
+    done
+  done
   ;;
 h1timeline)
   for cells in 63 40; do

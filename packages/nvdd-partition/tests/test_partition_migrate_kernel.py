@@ -80,3 +80,15 @@ def test_the_kernel_follows_a_changed_cell_and_grid() -> None:
                 _, ref = part._torch_destinations(pos, si, rank, 0.2, cell)
                 finite = torch.isfinite(pos).all(dim=1)
                 assert torch.equal(dest[finite], ref[finite]), (world, rank)
+
+
+@pytest.mark.parametrize("world", [1, 2, 5, 16, 17, 40])
+def test_destination_counts_equal_bincount(world: int) -> None:
+    from nvdd.partition._sharded import _destination_counts
+
+    gen = torch.Generator().manual_seed(world)
+    for n in (0, 1, 1000):
+        dest = torch.randint(0, world, (n,), generator=gen)
+        counts = _destination_counts(dest, world)
+        assert counts.dtype == torch.int64
+        assert torch.equal(counts, torch.bincount(dest, minlength=world))
