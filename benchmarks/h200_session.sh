@@ -37,6 +37,22 @@ export PYTHONPATH="/tmp/site:$(ls -d "$PWD"/packages/*/src | tr '\n' ':')"
 export PYTHONUNBUFFERED=1 WARP_CACHE_PATH=/tmp/warp-cache
 step() { echo; echo "=== $* ($(date +%T))"; }
 quiet() { grep -v -i "^warp \|^module \|kernel cache\|cuda toolkit\|devices:\|\"cuda:0\"\|\"cpu\"\|/tmp/warp-cache"; }
+# ab_legs WHAT PROFILE_ARGS GREP: LJ fp32 at 1M and 256k atoms, halo forced on one
+# GPU, profile_dd.py with PROFILE_ARGS, legs alternated base / this tree twice;
+# base: AB_BASE, a source copy of the base commit's packages (untracked, carried)
+ab_legs() {
+  local base_path pp
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for cells in 63 40; do
+    for leg in base new base new; do
+      step "LJ fp32 cells=$cells, halo forced on one GPU, $1: $leg"
+      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
+      # shellcheck disable=SC2086
+      PYTHONPATH="$pp" timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo \
+        --cells $cells --dtype float32 $2 2>&1 | quiet | grep -A1 "$3"
+    done
+  done
+}
 case "$phase" in
 lj)
   step "device"
@@ -322,31 +338,13 @@ h1nptab)
   done
   ;;
 h1rebuildab)
-  # AB_BASE: a source copy of the base commit's packages (untracked, carried)
-  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
-  for cells in 63 40; do
-    for leg in base new base new; do
-      step "LJ fp32 cells=$cells, halo forced on one GPU, 20 forced rebuilds timed alone: $leg"
-      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
-      PYTHONPATH="$pp" timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo \
-        --cells $cells --dtype float32 --warmup 20 --steps 20 --forced 20 2>&1 | quiet | grep "steady step"
-    done
-  done
+  ab_legs "20 forced rebuilds timed alone" "--warmup 20 --steps 20 --forced 20" "steady step"
   step "LJ fp32 cells=63, halo forced: timeline of a forced rebuild step (this commit)"
   timeout 200 python3 benchmarks/timeline_dd.py --device cuda --cells 63 --dtype float32 \
     --steps 2 --warmup 20 --top 30 2>&1 | quiet | sed -n '1,/^host calls/p'
   ;;
 h1traceab)
-  # AB_BASE: a source copy of the base commit's packages (untracked, carried)
-  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
-  for cells in 63 40; do
-    for leg in base new base new; do
-      step "LJ fp32 cells=$cells, halo forced on one GPU: 200 steps timed one by one (graphs on): $leg"
-      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
-      PYTHONPATH="$pp" timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 --halo \
-        --cells $cells --dtype float32 --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A1 "trace ("
-    done
-  done
+  ab_legs "200 steps timed one by one (graphs on)" "--warmup 30 --steps 5 --trace 200" "trace ("
   ;;
 h1timeline)
   for cells in 63 40; do

@@ -71,6 +71,27 @@ def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
     }
 
 
+def lj_setup(cells: int, device: str, dtype_name: str, halo: bool) -> tuple[Any, ...]:
+    """``(rank, cuda, sync, dynamics, config)`` of this rank's LJ argon run
+    (``bench_dp``'s system and model; rank 0 holds the atoms, ``halo``: the halo
+    path on one rank too). Call on a rank of ``spawn_ranks``."""
+    import torch.distributed as dist
+    from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
+
+    from nvdd.dynamics import DomainConfig, VelocityVerlet
+
+    warnings.simplefilter("ignore")
+    rank = dist.get_rank()
+    cuda = device == "cuda"
+    dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dtype = getattr(torch, dtype_name)
+    batch = _system(cells, dev, dtype) if rank == 0 else _system(1, dev, dtype)
+    dyn = VelocityVerlet(_model(dev, dtype), batch, dt_fs=DT_FS)
+    config = DomainConfig(cutoff=CUTOFF["lj"], skin=SKIN, halo_on_one_rank=halo)
+    return rank, cuda, sync, dyn, config
+
+
 def _torch_capture() -> None:
     """The capture as it was before GraphPool (A/B legs): ``torch.cuda.graph``,
     a new private pool per capture and ``empty_cache`` before each."""
@@ -110,21 +131,12 @@ def _rank(
     torch_capture: bool = False,
 ) -> dict[str, Any]:
     import torch.distributed as dist
-    from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
 
-    from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
+    from nvdd.dynamics import DomainParallel
 
-    warnings.simplefilter("ignore")
     if torch_capture:
         _torch_capture()
-    rank = dist.get_rank()
-    cuda = device == "cuda"
-    dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    dtype = getattr(torch, dtype_name)
-    batch = _system(cells, dev, dtype) if rank == 0 else _system(1, dev, dtype)
-    dyn = VelocityVerlet(_model(dev, dtype), batch, dt_fs=DT_FS)
-    config = DomainConfig(cutoff=CUTOFF["lj"], skin=SKIN, halo_on_one_rank=halo)
+    rank, cuda, sync, dyn, config = lj_setup(cells, device, dtype_name, halo)
     out: dict[str, Any] = {}
     with DomainParallel(dyn, config) as dp:
         dp.partition()

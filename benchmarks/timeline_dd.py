@@ -31,7 +31,6 @@ import json
 import os
 import pstats
 import sys
-import warnings
 from typing import Any
 
 import torch
@@ -142,20 +141,11 @@ def summarise(trace: dict[str, Any], wait_us: float, gaps: int) -> str:
 def _rank(cells: int, device: str, dtype_name: str, steps: int, warmup: int, halo: bool,
           chrome: str | None, wait_us: float, gaps: int, top: int) -> dict[str, Any]:  # fmt: skip
     import torch.distributed as dist
-    from bench_dp import CUTOFF, DT_FS, SKIN, _model, _system
-    from profile_dd import _RANGES, _patched
+    from profile_dd import _RANGES, _patched, lj_setup
 
-    from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
+    from nvdd.dynamics import DomainParallel
 
-    warnings.simplefilter("ignore")
-    rank = dist.get_rank()
-    cuda = device == "cuda"
-    dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    dtype = getattr(torch, dtype_name)
-    batch = _system(cells, dev, dtype) if rank == 0 else _system(1, dev, dtype)
-    dyn = VelocityVerlet(_model(dev, dtype), batch, dt_fs=DT_FS)
-    config = DomainConfig(cutoff=CUTOFF["lj"], skin=SKIN, halo_on_one_rank=halo)
+    rank, cuda, sync, dyn, config = lj_setup(cells, device, dtype_name, halo)
     out: dict[str, Any] = {}
 
     def wrap(f: Any, label: str) -> Any:
