@@ -281,6 +281,13 @@ def _one_rank(halo: bool) -> dict:
             plan = dp.model.plan.n_ghost
         except ConfigurationError as exc:
             plan = str(exc)
+        pbcs = []
+        if halo:  # the padded batch's open pbc: one tensor across rebuilds (a model
+            # reads a pbc tensor it has not seen on the host)
+            for _ in range(2):
+                dp.model.request_rebuild()
+                dp.run(1)
+                pbcs.append(dp.model._static.pbc)
         return {
             "ids": final.atom_ids,
             "positions": final.positions,
@@ -288,6 +295,7 @@ def _one_rank(halo: bool) -> dict:
             "energy": final.energy,
             "n_ghost": dp.stats.n_ghost,
             "plan": plan,
+            "same_pbc": [p is pbcs[0] and not bool(p.any()) for p in pbcs],
         }
 
 
@@ -303,6 +311,7 @@ def test_one_rank_runs_the_whole_batch_unless_asked_for_the_halo(halo: bool) -> 
     torch.testing.assert_close(got["energy"], ref.energy, rtol=0, atol=1e-10)
     if halo:  # periodic images as ghost rows
         assert got["n_ghost"] > 0 and isinstance(got["plan"], int)
+        assert got["same_pbc"] == [True, True]
     else:  # no ghosts, no plan: DomainParallel on one device costs what the model costs
         assert got["n_ghost"] == 0
         assert "no halo plan" in got["plan"]

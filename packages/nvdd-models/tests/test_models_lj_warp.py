@@ -556,3 +556,41 @@ def test_ghost_forces_false_needs_direct_forces() -> None:
     )
     with pytest.raises(ValidationError, match="ghost_forces=False needs force_mode"):
         model(_geometry_batch("open"), ghost_forces=False)
+
+
+def test_a_new_dd_topology_checks_the_system_indices_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a DD context the model's gate checks a new topology's system
+    indices; the device list then skips its own range check (one host read
+    fewer per halo rebuild). Outside DD the list still checks a new tensor,
+    and under DD a bad index is still refused."""
+    from nvdd.models import _device_neighbors as dn
+
+    ranges: list[int] = []
+    check = dn._check_system_range
+
+    def spy(system_index: torch.Tensor, n_systems: int) -> None:
+        ranges.append(n_systems)
+        check(system_index, n_systems)
+
+    monkeypatch.setattr(dn, "_check_system_range", spy)
+    full = _geometry_batch("triclinic_smaller_than_cutoff", seed=8)
+    layout = ghost_layout(full, torch.arange(full.n_atoms), CUTOFF + 0.4)
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :])
+    model = _model("warp", skin=0.4)
+    batch = layout.batch
+    for version in (0, 1):
+        fresh = batch.replace(system_index=batch.system_index.clone())
+        with dd_scope(DDContext(layout=halo, topology_version=version)):
+            model(fresh)
+    assert ranges == []
+    bad = batch.replace(system_index=torch.ones_like(batch.system_index), validate=False)
+    with (
+        dd_scope(DDContext(layout=halo, topology_version=2)),
+        pytest.raises(ValidationError, match="system_index"),
+    ):
+        model(bad)
+    outside = _model("warp", skin=0.4)
+    outside(full)
+    assert ranges == [1]

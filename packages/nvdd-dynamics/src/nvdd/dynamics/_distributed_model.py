@@ -185,6 +185,7 @@ class DistributedModel:
         self._sharded: State | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
+        self._open_pbc: torch.Tensor | None = None  # all-False pbc of the padded batch
         self._ref_positions: torch.Tensor | None = None
         self._ref_cell: torch.Tensor | None = None
         # (partitioner, its domain cell of _ref_cell): derived once per build
@@ -588,7 +589,12 @@ class DistributedModel:
             local.system_index,
             part.domain_cell(local.cell),
         )
-        self._install(local, plan, torch.zeros_like(local.pbc))  # ghosts are explicit images
+        # ghosts are explicit images: open boundaries, one tensor kept across
+        # rebuilds (a model reads a pbc tensor it has not seen on the host)
+        pbc = self._open_pbc
+        if pbc is None or pbc.shape != local.pbc.shape or pbc.device != local.pbc.device:
+            pbc = self._open_pbc = torch.zeros_like(local.pbc)
+        self._install(local, plan, pbc)
         self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
         self._timer("plan", t0)
 

@@ -402,6 +402,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
                 return None
             return check_species(self.species_rows, batch.atomic_numbers)
 
+        checked = self._dd_gate.generation
         n_receivers, topology = prepare_rows(
             self._dd_gate, batch, n_receivers, lambda: None, data_check
         )
@@ -414,6 +415,8 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             batch.system_index,
             n_receivers=n_receivers,
             topology=topology,
+            # a new DD topology had its system indices checked just now (one read fewer)
+            validated=self._dd_gate.generation != checked,
         )
         tables = warp.tables(
             self.epsilon_table, self.sigma_table, self.shift_table, pos.dtype, pos.device
