@@ -6,8 +6,11 @@
 fold up to commit dd1d1ed), (b) ``wp.launch`` with the Warp stream cached per
 torch stream, (c) a recorded launch (``record_cmd=True``) replayed with changed
 arguments reset (nvdd.models' ``Kernel``), (d) ``nvdd.halo``'s launcher now (a
-recorded launch per kernel and argument types). Microseconds of host time per
-call, the device synchronised only at the end.
+recorded launch per kernel and argument types). Then, as at a halo rebuild
+where every buffer is new, all five arguments changed at every call
+(alternating two sets): (e) the recorded launch given ``wp.from_torch`` arrays,
+(f) ``nvdd.core.RecordedKernel`` (array descriptors built from the tensors).
+Microseconds of host time per call, the device synchronised only at the end.
 """
 
 from __future__ import annotations
@@ -77,8 +80,30 @@ def main() -> None:
         else:
             rec.launch()
 
+    from nvdd.core import RecordedKernel
+
+    sets = [[values, start, rows, src, out], [x.clone() for x in (values, start, rows, src, out)]]
+    calls = [0]
+
+    def all_new_from_torch() -> None:
+        calls[0] += 1
+        for k, x in enumerate(sets[calls[0] % 2]):
+            rec.set_param_at_index(k, wp_.from_torch(x))
+        if cuda:
+            rec.launch(stream=cached)
+        else:
+            rec.launch()
+
+    launcher = RecordedKernel(kernel)
+
+    def all_new_descriptors() -> None:
+        calls[0] += 1
+        launcher((n, 3), sets[calls[0] % 2], dev)
+
     for name, fn in (("fresh stream", fresh_stream), ("cached stream", cached_stream),
-                     ("recorded launch", recorded), ("nvdd.halo now", halo_launcher)):  # fmt: skip
+                     ("recorded launch", recorded), ("nvdd.halo now", halo_launcher),
+                     ("new, from_torch", all_new_from_torch),
+                     ("new, descriptors", all_new_descriptors)):  # fmt: skip
         for _ in range(50):
             fn()
         sync()

@@ -7,10 +7,12 @@ launch recorded once and replayed (``benchmarks/micro_warp_launch.py``). A
 type, argument dtypes and ranks, and an optional role of the caller's) and,
 on each call, resets only the arguments whose identity changed (a new tensor,
 a new shape, a new scalar). A changed tensor is handed to Warp as an array
-descriptor built straight from the tensor (pointer, shape, byte strides):
-about 1.6 us against 8 us for ``wp.from_torch`` plus its descriptor, which
-matters at a halo rebuild, where every buffer is new (about 250 tensor
-arguments per rebuild step before).
+descriptor built straight from the tensor (pointer, shape, byte strides),
+not through ``wp.from_torch``: a launch with five new tensors costs 37.6
+instead of 61.6 us of host time on the CI CPU
+(``benchmarks/micro_warp_launch.py --device cpu``). That matters at a halo
+rebuild, where every buffer is new (about 90 converted tensor arguments per
+rebuild step before).
 
 Launches go to torch's current stream on CUDA (they order with the
 surrounding torch work and are recorded by a CUDA graph capture); inside an

@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import warp as wp
 
 from nvdd.core import RecordedKernel
 from nvdd.dynamics._barostat_kernels import (
@@ -40,7 +39,6 @@ from nvdd.dynamics._barostat_kernels import (
     cell_kick_kernel,
     propagators_kernel,
 )
-from nvdd.dynamics._chain_device import warp_ready
 
 __all__ = [
     "RowKernel",
@@ -49,9 +47,6 @@ __all__ = [
     "cell_kick_kernel",
     "propagators_kernel",
 ]
-
-#: Warp's Python API, untyped for mypy (its stubs type the kernel language, not this use).
-_wp: Any = wp
 
 
 class RowKernel:
@@ -82,19 +77,10 @@ class RowKernel:
         self._kernel(int(y.shape[0]), args, self.device, role=bool(divide))
 
 
-_ROWS_DECLARED: list[bool] = []
-
-
 def _declare_rows() -> None:
     """The float32 and float64 overloads of ``affine_rows_kernel``, declared
     before the module's first launch (else Warp compiles the module twice)."""
-    if _ROWS_DECLARED:
-        return
-    warp_ready()
-    for scalar in (_wp.float32, _wp.float64):
-        rows, column = _wp.array2d(dtype=scalar), _wp.array(dtype=scalar)
-        _wp.overload(affine_rows_kernel, {"y": rows, "z": rows, "masses": column, "out": rows})
-    _ROWS_DECLARED.append(True)
+    RecordedKernel(affine_rows_kernel).declare_overloads()
 
 
 class SystemKernel:

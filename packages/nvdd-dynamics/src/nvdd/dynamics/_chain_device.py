@@ -18,7 +18,6 @@ of the chain's constants (:func:`~nvdd.dynamics._nose_hoover.chain_sub_steps`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import torch
@@ -34,10 +33,8 @@ from nvdd.dynamics._nose_hoover import (
     check_chain_constants,
 )
 
-__all__ = ["DeviceNoseHooverChain", "warp_ready"]
+__all__ = ["DeviceNoseHooverChain"]
 
-#: Warp's Python API, untyped for mypy (its stubs type the kernel language, not this use).
-_wp: Any = wp
 _F64 = wp.float64
 
 
@@ -98,13 +95,6 @@ def _half_step(
             k = k * factor * factor
     scale[s] = factor_total
     k2[s] = k
-
-
-@cache
-def warp_ready() -> bool:
-    """Initialise Warp once (lazily: importing this module has no side effect)."""
-    _wp.init()
-    return True
 
 
 class DeviceNoseHooverChain(ChainState):

@@ -87,23 +87,20 @@ def _check(
         raise ValidationError(f"{name} (shape {tuple(t.shape)}) must be contiguous")
 
 
-#: One ``nvdd.core.RecordedKernel`` per kernel (module-level: each holds its last
-#: arguments until the next call). A fresh ``wp.launch`` with a new stream
-#: wrapper costs about 117 us of host time on an H200, a replayed one about 28 us
-#: (``benchmarks/micro_warp_launch.py``); the fold runs once per multi-rank step.
+#: One ``nvdd.core.RecordedKernel`` per kernel (module-level: each holds its
+#: first call's arguments until a later call replaces them). A fresh
+#: ``wp.launch`` with a new stream wrapper costs about 117 us of host time on an
+#: H200, a replayed one about 28 us (``benchmarks/micro_warp_launch.py``); the
+#: fold runs once per multi-rank step.
 _KERNELS: dict[Any, RecordedKernel] = {}
 
 
 def _launch(
     kernel: Any, dim: int | tuple[int, ...], inputs: list[Any], device: torch.device
 ) -> None:
-    dims = (dim,) if isinstance(dim, int) else dim
-    if min(dims) == 0:
-        return
-    _ready()
     found = _KERNELS.get(kernel)
     if found is None:
-        found = _KERNELS[kernel] = RecordedKernel(kernel)
+        found = _KERNELS[kernel] = RecordedKernel(kernel, prepare=_ready)
     found(dim, inputs, device)
 
 

@@ -1,4 +1,5 @@
-"""Where each owned atom goes at a migration, in one Warp kernel (one system).
+"""Where each owned atom goes at a migration: one Warp kernel (one system), or
+torch operations (several systems).
 
 ``SpatialPartitioner._destinations`` as torch operations is about 130 kernel
 launches and 350 operator calls over the atoms (two wrapping passes, the
@@ -43,7 +44,7 @@ from nvdd.partition._geometry import face_tolerance
 if TYPE_CHECKING:
     from nvdd.partition._spatial import SpatialPartitioner
 
-__all__ = ["destinations_kernel", "kernel_destinations", "one_system_destinations"]
+__all__ = ["destinations_kernel", "kernel_destinations", "torch_destinations"]
 
 _F64 = wp.float64
 
@@ -134,52 +135,7 @@ def destinations_kernel(
         wrapped[i, b] = x[b]
 
 
-_DECLARED: list[bool] = []
-
-
-def _declare() -> None:
-    if _DECLARED:
-        return
-    warp: Any = wp  # (Warp's stubs type its kernel language, not this use)
-    for scalar in (warp.float32, warp.float64):
-        rows = warp.array2d(dtype=scalar)
-        warp.overload(destinations_kernel, {"positions": rows, "wrapped": rows})
-    _DECLARED.append(True)
-
-
-_KERNEL = RecordedKernel(destinations_kernel, doubles=(4,), prepare=_declare)
-
-
-def one_system_destinations(
-    positions: torch.Tensor,
-    domain: torch.Tensor,
-    inverse: torch.Tensor,
-    pbc: torch.Tensor,
-    box: torch.Tensor,
-    h: float,
-    rank: int,
-    cuts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    tol: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(wrapped positions, new owner)`` of this rank's atoms of one system.
-
-    ``domain`` and ``inverse``: float64 ``(3, 3)``; ``pbc``: bool ``(3,)``;
-    ``box``: float64 ``(2, 3)`` (this rank's box); ``cuts``: the system's full
-    cut table ``(c0, c1, c2)`` in float64; all on the positions' device.
-    ``h``: the hysteresis (Angstrom), converted per axis here as
-    ``SpatialPartitioner._keeps`` does. No host read.
-    """
-    dev = positions.device
-    pos = positions.detach().contiguous()
-    n = int(pos.shape[0])
-    wrapped = torch.empty_like(pos)
-    dest = torch.empty(n, dtype=torch.int64, device=dev)
-    # h / interplanar spacing, with the spacing's own rounding (as _keeps)
-    grow = (h / (1.0 / torch.linalg.vector_norm(inverse, dim=0))).contiguous()
-    args = [pos, domain.contiguous(), inverse.contiguous(), pbc.to(torch.int32), float(tol),
-            box.contiguous(), grow, int(h > 0.0), int(rank), *cuts, wrapped, dest]  # fmt: skip
-    _KERNEL(n, args, dev)
-    return wrapped, dest
+_KERNEL = RecordedKernel(destinations_kernel, doubles=(4,))
 
 
 def kernel_destinations(
@@ -189,20 +145,76 @@ def kernel_destinations(
     h: float,
     cell: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`one_system_destinations` with ``part``'s geometry (one system):
-    the domain cell of ``cell`` and its inverse (one ``inv_ex``, no host
-    read), this rank's box and the cut table, copied to the device once."""
+    """``(wrapped positions, new owner)`` of this rank's atoms of ``part``'s one
+    system: the domain cell of ``cell`` and its inverse (one ``inv_ex``, no host
+    read), this rank's box, the pbc and the cut table (copied to the device
+    once); ``h`` (Angstrom) converted per axis as ``SpatialPartitioner._keeps``
+    does. Non-finite rows keep their position and ``rank``."""
     dev = positions.device
-    _, pbc, boxes = part._domain_on(dev, torch.float64)
-    key = (dev, "full cuts")
-    cuts = part._on_device.get(key)
-    if cuts is None:
+    _, _, boxes = part._domain_on(dev, torch.float64)
+    key = (dev, "migration")
+    fixed = part._on_device.get(key)
+    if fixed is None:  # (pbc as int32, the full cut table in float64)
         table = part._s.tables[0]
-        cuts = tuple(c.to(dev, torch.float64).contiguous() for c in (table.c0, table.c1, table.c2))
-        part._on_device[key] = cuts
-    domain = part.domain_cell(cell).to(dev, torch.float64)[0]
-    inverse = torch.linalg.inv_ex(domain).inverse
-    return one_system_destinations(
-        positions, domain, inverse, pbc[0], boxes[0, rank], h, rank,
-        (cuts[0], cuts[1], cuts[2]), face_tolerance(positions.dtype),
-    )  # fmt: skip
+        fixed = (part._s.pbc[0].to(dev, torch.int32),
+                 *(c.to(dev, torch.float64).contiguous() for c in (table.c0, table.c1, table.c2)))  # fmt: skip
+        part._on_device[key] = fixed
+    domain = part.domain_cell(cell).to(dev, torch.float64)[0].contiguous()
+    inverse = torch.linalg.inv_ex(domain).inverse.contiguous()
+    # h / interplanar spacing, with the spacing's own rounding (as _keeps)
+    grow = (h / (1.0 / torch.linalg.vector_norm(inverse, dim=0))).contiguous()
+    pos = positions.detach().contiguous()
+    n = int(pos.shape[0])
+    wrapped = torch.empty_like(pos)
+    dest = torch.empty(n, dtype=torch.int64, device=dev)
+    args = [pos, domain, inverse, fixed[0], face_tolerance(pos.dtype), boxes[0, rank].contiguous(),
+            grow, int(h > 0.0), int(rank), *fixed[1:], wrapped, dest]  # fmt: skip
+    _KERNEL.declare_overloads()  # (before the module's first launch)
+    _KERNEL(n, args, dev)
+    return wrapped, dest
+
+
+def torch_destinations(
+    part: SpatialPartitioner,
+    positions: torch.Tensor,
+    si: torch.Tensor,
+    rank: int,
+    h: float,
+    cell: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kernel_destinations` as torch operations, any number of systems
+    (every branch a ``torch.where``: no host read)."""
+    wrapped = part.wrap_positions(positions, si, cell=cell)
+    frac = part._frac(wrapped, si, cell, wrapped=True)
+    keep = part._keeps(frac, si, rank, h, cell)
+    if h > 0:
+        wrapped = _nearest_image(part, wrapped, frac, si, rank, keep, cell)
+    dest = torch.where(keep, torch.full_like(si, rank), part._locate(frac, si))
+    bad = ~torch.isfinite(positions).all(dim=1)
+    return torch.where(bad[:, None], positions, wrapped), torch.where(bad, rank, dest)
+
+
+def _nearest_image(
+    part: SpatialPartitioner,
+    wrapped: torch.Tensor,
+    frac: torch.Tensor,
+    si: torch.Tensor,
+    rank: int,
+    keep: torch.Tensor,
+    cell: torch.Tensor | None,
+) -> torch.Tensor:
+    """Kept atoms moved to the periodic image nearest their owner's box (the
+    halo selects their ghosts around that box, not where they wrapped to)."""
+    _, pbc, boxes = part._domain_on(frac.device, torch.float64)
+    if part.n_systems == 1:
+        box, periodic = boxes[0, rank], pbc[0] & keep[:, None]  # box broadcasts
+        centre = 0.5 * (box[0] + box[1])
+    else:
+        box, periodic = boxes[si, rank], pbc[si] & keep[:, None]  # (n, 2, 3)
+        centre = 0.5 * (box[:, 0] + box[:, 1])
+    shift = torch.where(periodic, torch.round(centre - frac), torch.zeros_like(frac))
+    dom = part.domain_cell(cell).to(wrapped)
+    # a zero shift adds an exact zero: atoms not moved keep their bits
+    if part.n_systems == 1:
+        return wrapped + shift.to(wrapped.dtype) @ dom[0]
+    return wrapped + torch.bmm(shift.to(wrapped.dtype).unsqueeze(1), dom[si]).squeeze(1)

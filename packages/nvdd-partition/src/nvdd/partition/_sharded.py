@@ -350,11 +350,9 @@ class ShardedBatch(OwnedRows):
         local = self._local
         pos, si, cell = local.positions, local.system_index, local.cell
         bad = ~torch.isfinite(pos).all(dim=1)
-        # every atom's destination, then non-finite rows kept in place: no host read
+        # every atom's destination (non-finite rows kept in place): no host read
         # before the one copy of the counts (a GPU queues the whole computation)
         wrapped, dest = part._destinations(pos, si, rank, h, cell)
-        dest = torch.where(bad, rank, dest)
-        wrapped = torch.where(bad[:, None], pos, wrapped)
         per_rank = _destination_counts(dest, world)
         sent = torch.zeros(world, dtype=torch.int64, device=dest.device)
         sent[rank] = (dest != rank).sum()  # each rank's own slot: summed, all are known

@@ -41,7 +41,7 @@ from nvdd.partition._geometry import (
     owner_fractional,
     wrap_fractional,
 )
-from nvdd.partition._migrate_kernel import kernel_destinations
+from nvdd.partition._migrate_kernel import kernel_destinations, torch_destinations
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -214,7 +214,7 @@ class SpatialPartitioner:
         self._boxes = torch.stack([t.boxes() for t in state.tables])
         # (domain, pbc) copied to a device and dtype once per state: a copy from
         # host memory each step would make a GPU wait for the host (domain_cell)
-        # (and the cut table of one system: key (device, "cuts"))
+        # (and the cut table of one system: keys (device, "cuts"), (device, "migration"))
         self._on_device: dict[tuple[torch.device, object], tuple[torch.Tensor, ...]] = {}
         self._halo_configs: dict[object, ParticleHaloConfig] = {}  # per group
 
@@ -539,49 +539,13 @@ class SpatialPartitioner:
         cell: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(wrapped positions, new owner) of atoms owned by ``rank``: ``rank`` while
-        they stay inside its box grown by ``h``, else the owner of their position.
-        One system: one Warp kernel (``_migrate_kernel``); more: torch operations,
-        every branch a ``torch.where``. No host read (on a GPU the rebuild's
-        migration queues its kernels without waiting)."""
+        they stay inside its box grown by ``h``, else the owner of their position;
+        a non-finite row keeps its position and ``rank``. One system: one Warp
+        kernel; more: torch operations (``_migrate_kernel``). No host read (on a
+        GPU the rebuild's migration queues its kernels without waiting)."""
         if self.n_systems == 1:
             return kernel_destinations(self, positions, rank, h, cell)
-        return self._torch_destinations(positions, si, rank, h, cell)
-
-    def _torch_destinations(
-        self, positions: torch.Tensor, si: torch.Tensor, rank: int, h: float, cell: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        wrapped = self.wrap_positions(positions, si, cell=cell)
-        frac = self._frac(wrapped, si, cell, wrapped=True)
-        here = torch.full_like(si, rank)
-        keep = self._keeps(frac, si, rank, h, cell)
-        if h > 0:
-            wrapped = self._nearest_image(wrapped, frac, si, rank, keep, cell)
-        return wrapped, torch.where(keep, here, self._locate(frac, si))
-
-    def _nearest_image(
-        self,
-        wrapped: torch.Tensor,
-        frac: torch.Tensor,
-        si: torch.Tensor,
-        rank: int,
-        keep: torch.Tensor,
-        cell: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Kept atoms moved to the periodic image nearest their owner's box (the
-        halo selects their ghosts around that box, not where they wrapped to)."""
-        _, pbc, boxes = self._domain_on(frac.device, torch.float64)
-        if self.n_systems == 1:
-            box, periodic = boxes[0, rank], pbc[0] & keep[:, None]  # box broadcasts
-            centre = 0.5 * (box[0] + box[1])
-        else:
-            box, periodic = boxes[si, rank], pbc[si] & keep[:, None]  # (n, 2, 3)
-            centre = 0.5 * (box[:, 0] + box[:, 1])
-        shift = torch.where(periodic, torch.round(centre - frac), torch.zeros_like(frac))
-        dom = self.domain_cell(cell).to(wrapped)
-        # a zero shift adds an exact zero: atoms not moved keep their bits
-        if self.n_systems == 1:
-            return wrapped + shift.to(wrapped.dtype) @ dom[0]
-        return wrapped + torch.bmm(shift.to(wrapped.dtype).unsqueeze(1), dom[si]).squeeze(1)
+        return torch_destinations(self, positions, si, rank, h, cell)
 
     def check_hysteresis(self, hysteresis: float) -> float:
         """``hysteresis`` as a float if it is finite, >= 0 and below the skin (when a
