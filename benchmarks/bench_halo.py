@@ -163,8 +163,7 @@ def _kernel_steps(
     index = meta[:, 0].contiguous()
     values = torch.randn(total, 3, dtype=torch.float64, device=device)
     perm = torch.argsort(index, stable=True)
-    rows, cnt = torch.unique_consecutive(index[perm], return_counts=True)
-    start = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(cnt, 0)])
+    rows = index[perm].contiguous()
     out = torch.zeros(n, 3, dtype=torch.float64, device=device)
     return [
         (
@@ -187,7 +186,7 @@ def _kernel_steps(
         ),
         (
             "fold (reverse)",
-            lambda: _kernels.fold_rows(values, start, rows, perm, out.zero_()),
+            lambda: _kernels.fold_rows(values, rows, perm, out.zero_()),
             lambda: out.zero_().index_add_(0, index, values),
             total * (24 + 8) + n * 24 * 2,
         ),

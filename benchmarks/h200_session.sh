@@ -22,6 +22,9 @@
 #        h1rebuildab (forced rebuild steps, this tree against .ab_base, alternated),
 #        h1traceab (a run's steps one by one, halo forced, this tree against .ab_base),
 #        h1timeline (host, device and waits of forced rebuild steps, halo forced),
+#        h1after (the same for rebuild steps and for the capture step after each),
+#        h1checks (GPU tests of every package and of the captured steps; the NCCL
+#        suite at 1 rank with the halo forced, fp64 and fp32),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -352,6 +355,25 @@ h1timeline)
     timeout 240 python3 benchmarks/timeline_dd.py --device cuda --cells $cells --dtype float32 \
       --steps 2 --warmup 20 --top 45 --chrome "$out/timeline_$cells.json" 2>&1 | quiet
     gzip -f "$out/timeline_$cells.json"
+  done
+  ;;
+h1checks)
+  step "GPU tests: every package, the CUDA-graph integration tests; the NCCL suite at 1 rank, halo forced"
+  timeout 300 python3 -m pytest -p nvdd.testing.plugin -q -m gpu --require-gpu -p no:cacheprovider \
+    --tb=short packages/nvdd-models/tests packages/nvdd-halo/tests packages/nvdd-dynamics/tests \
+    packages/nvdd-padding/tests packages/nvdd-shardtensor/tests packages/nvdd-partition/tests \
+    packages/nvdd-core/tests integration_tests/test_it_cuda_graphs.py \
+    > "$out/gpu_tests.log" 2>&1; tail -8 "$out/gpu_tests.log"
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc-per-node=1 \
+    integration_tests/multigpu_suite.py --allow-single --halo --dtype both 2>&1 | grep -E "PASS|FAIL|scenarios|Error|error"
+  ;;
+h1after)
+  for cells in 40 63; do
+    for mode in "" "--after"; do
+      step "LJ fp32 cells=$cells, halo forced on one GPU: timeline ${mode:-of forced rebuild steps}"
+      timeout 240 python3 benchmarks/timeline_dd.py --device cuda --cells $cells --dtype float32 \
+        --steps 2 --warmup 20 --top 40 $mode 2>&1 | quiet
+    done
   done
   ;;
 x2big)

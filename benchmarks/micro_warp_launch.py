@@ -38,7 +38,6 @@ def main() -> None:
     n = 1000
     values = torch.randn(n, 3, device=dev)
     out = torch.zeros(n, 3, device=dev)
-    start = torch.arange(n + 1, device=dev)
     rows = torch.arange(n, device=dev)
     src = torch.arange(n, device=dev)
     kernel = _kernels.fold_rows_kernel
@@ -50,7 +49,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def fresh_stream() -> None:
-        wargs = [wp_.from_torch(x) for x in (values, start, rows, src, out)]
+        wargs = [wp_.from_torch(x) for x in (values, rows, src, out)]
         if cuda:
             stream = wp_.stream_from_torch(torch.cuda.current_stream(dev))
             wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev, stream=stream)
@@ -58,23 +57,23 @@ def main() -> None:
             wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev)
 
     def halo_launcher() -> None:
-        _kernels._launch(kernel, (n, 3), [values, start, rows, src, out], dev)
+        _kernels._launch(kernel, (n, 3), [values, rows, src, out], dev)
 
     cached = wp_.stream_from_torch(torch.cuda.current_stream(dev)) if cuda else None
 
     def cached_stream() -> None:
-        wargs = [wp_.from_torch(x) for x in (values, start, rows, src, out)]
+        wargs = [wp_.from_torch(x) for x in (values, rows, src, out)]
         if cuda:
             wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev, stream=cached)
         else:
             wp_.launch(kernel, dim=(n, 3), inputs=wargs, device=wdev)
 
-    rec = wp_.launch(kernel, dim=(n, 3), inputs=[wp_.from_torch(x) for x in (values, start, rows, src, out)],
+    rec = wp_.launch(kernel, dim=(n, 3), inputs=[wp_.from_torch(x) for x in (values, rows, src, out)],
                      device=wdev, record_cmd=True)  # fmt: skip
 
     def recorded() -> None:
         rec.set_param_at_index(0, wp_.from_torch(values))  # (a fresh tensor each step)
-        rec.set_param_at_index(4, wp_.from_torch(out))
+        rec.set_param_at_index(3, wp_.from_torch(out))
         if cuda:
             rec.launch(stream=cached)
         else:
@@ -82,7 +81,7 @@ def main() -> None:
 
     from nvdd.core import RecordedKernel
 
-    sets = [[values, start, rows, src, out], [x.clone() for x in (values, start, rows, src, out)]]
+    sets = [[values, rows, src, out], [x.clone() for x in (values, rows, src, out)]]
     calls = [0]
 
     def all_new_from_torch() -> None:

@@ -14,7 +14,10 @@ the last profiled step it prints
 - the device time per range (kernels attributed to the innermost range open on
   the host when they were launched);
 
-then the cProfile table of the profiled steps (host time per function). The
+then the cProfile table of the profiled steps (host time per function). With
+``--after`` the profiled step is the one after each forced rebuild (where the
+step's CUDA graphs are captured again) and the rebuild itself runs unprofiled.
+The
 chrome trace of the profiled steps goes to ``--chrome`` when given.
 
     python benchmarks/timeline_dd.py --device cuda --cells 63 --steps 2 --chrome OUT/t.json
@@ -139,7 +142,8 @@ def summarise(trace: dict[str, Any], wait_us: float, gaps: int) -> str:
 
 
 def _rank(cells: int, device: str, dtype_name: str, steps: int, warmup: int, halo: bool,
-          chrome: str | None, wait_us: float, gaps: int, top: int) -> dict[str, Any]:  # fmt: skip
+          chrome: str | None, wait_us: float, gaps: int, top: int,
+          after: bool) -> dict[str, Any]:  # fmt: skip
     import torch.distributed as dist
     from profile_dd import _RANGES, _patched, lj_setup
 
@@ -172,6 +176,9 @@ def _rank(cells: int, device: str, dtype_name: str, steps: int, warmup: int, hal
             with torch.profiler.profile(activities=acts) as prof:
                 for _ in range(steps):
                     dp.model.request_rebuild()
+                    if after:  # the rebuild unprofiled; the step after it (a capture)
+                        with torch.profiler.record_function("rebuild (not profiled)"):
+                            dp.run(1)
                     sync()
                     profile.enable()
                     with torch.profiler.record_function("nvdd:step"):
@@ -212,13 +219,17 @@ def main() -> None:
     p.add_argument("--wait-us", type=float, default=30.0)
     p.add_argument("--gaps", type=int, default=12)
     p.add_argument("--top", type=int, default=30, help="rows of each cProfile table")
+    p.add_argument(
+        "--after", action="store_true",
+        help="profile the step after each forced rebuild (the graphs' capture) instead",
+    )  # fmt: skip
     args = p.parse_args()
     from nvdd.core import spawn_ranks
 
     backend = "nccl" if args.device == "cuda" else "gloo"
     res = spawn_ranks(
         _rank, args.world, args.cells, args.device, args.dtype, args.steps, args.warmup,
-        not args.whole, args.chrome, args.wait_us, args.gaps, args.top,
+        not args.whole, args.chrome, args.wait_us, args.gaps, args.top, args.after,
         backend=backend, timeout_s=1200,
     )  # fmt: skip
     r = res[0]

@@ -87,15 +87,16 @@ def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
         sizes = [int(e.split(" copy of ")[1].split()[0]) for e in copies]
         assert copies and max(sizes) <= 32, copies
         # and batches them: migration reads once (its all-reduced counts); the
-        # ghost selection's module six times: the inputs' check (a range test
-        # and the cell) and the selection's four (its flags, bounds, boxes and
-        # cell; the kernels' packed inputs; their counts and overflow; the fill's
-        # overflow), where each small read or write used to drain the stream
-        # alone (about 30 in a rebuild before)
+        # ghost selection's module four times (its flags, bounds, boxes and cell,
+        # with the inputs' value checks: system range and cell; the kernels'
+        # packed inputs; their counts and overflow; the fill's overflow), where
+        # each small read or write used to drain the stream alone (about 30 in
+        # a rebuild before; six until the value checks joined the first read)
         migrate = [e for e in r["rebuild"] if " at partition/" in e]
         assert len(migrate) == 1 and "(_all_reduce)" in migrate[0], migrate
         select = [e for e in r["rebuild"] if " at halo/_select.py" in e]
-        assert len(select) <= 6, select
+        assert len(select) <= 4, select
+        assert not any("check_plan" in e for e in select), select
 
 
 @pytest.mark.parametrize("integrator", ["nvt-nh", "npt-iso", "npt-full"])

@@ -107,3 +107,32 @@ def test_reverse_is_deterministic_and_exact_in_integers() -> None:
     expect = torch.zeros(plan.n_owned, dtype=torch.int64).index_add_(0, plan.ghost_owner_row, ints)
     assert torch.equal(plan.reverse(ints), expect)
     assert owners(case).max() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_warp_fold_equals_index_add_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The CUDA fold (Warp, runs of the sorted owner rows) run on the CPU: the
+    same sums as ``index_add_`` in the same order, so equal bit for bit, and
+    reached through ``HaloPlan.reverse`` as on a GPU."""
+    from nvdd.halo import _exchange
+
+    case = make_case("single_periodic")
+    plan, _ = local_plan(case, 0, dtype)
+    g = torch.Generator().manual_seed(4)
+    vals = torch.randn(plan.n_ghost, 3, generator=g, dtype=torch.float64).to(dtype)
+    expect = plan.reverse(vals)  # index_add_ on the CPU
+    calls: list[int] = []
+    real = _exchange._kernels.fold_rows
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        calls.append(int(args[1].shape[0]))
+        return real(*args)
+
+    monkeypatch.setattr(_exchange, "FOLD_WITH_WARP", ("cpu", "cuda"))
+    monkeypatch.setattr(_exchange._kernels, "fold_rows", counted)
+    got = plan.reverse(vals)
+    assert calls == [plan.n_ghost]  # the Warp path ran, over every sent row
+    assert torch.equal(got, expect)
+    assert int(torch.unique(plan.ghost_owner_row).numel()) < plan.n_ghost  # runs of >1 row

@@ -54,6 +54,20 @@ def test_compute_fractional_matches_torch(device: str, float_dtype: torch.dtype)
     pos[4, 1] = float("inf")
     _, bad = _kernels.compute_fractional(pos, system, inv)
     assert int(bad) == 1
+    # a system index out of range reads nothing and outranks a non-finite position
+    pos[4, 1] = 1.0
+    for wrong in (-1, 2, 1 << 40):
+        system_bad = system.clone()
+        system_bad[7] = wrong
+        frac, bad = _kernels.compute_fractional(pos, system_bad, inv)
+        ref, ref_bad = _reference.compute_fractional_torch(pos, system_bad, inv)
+        assert int(bad) == int(ref_bad) == 2
+        assert bool((frac[7] == 0).all()) and bool((ref[7] == 0).all())
+        keep = torch.arange(33, device=device) != 7
+        torch.testing.assert_close(frac[keep], ref[keep], atol=tol, rtol=tol)
+        pos[3, 0] = float("nan")
+        assert int(_kernels.compute_fractional(pos, system_bad, inv)[1]) == 2
+        pos[3, 0] = 0.5
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -109,16 +123,28 @@ def test_fold_rows_matches_index_add(device: str, float_dtype: torch.dtype) -> N
     index = torch.randint(0, 20, (90,), generator=g).to(device)
     values = torch.randn(90, 6, generator=g, dtype=torch.float64).to(float_dtype).to(device)
     perm = torch.argsort(index, stable=True)
-    rows, cnt = torch.unique_consecutive(index[perm], return_counts=True)
-    start = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(cnt, 0)])
-    out = torch.zeros(25, 6, dtype=float_dtype, device=device)
-    _kernels.fold_rows(values, start, rows, perm, out)
-    ref = torch.zeros_like(out).index_add_(0, index, values)
+    out = torch.randn(25, 6, generator=g, dtype=torch.float64).to(float_dtype).to(device)
+    start = out.clone()
+    _kernels.fold_rows(values, index[perm].contiguous(), perm, out)
+    ref = start.clone().index_add_(0, index, values)
     tol = 1e-12 if float_dtype == torch.float64 else 1e-5
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
-    again = torch.zeros_like(out)
-    _kernels.fold_rows(values, start, rows, perm, again)
-    assert torch.equal(out, again)  # fixed summation order
+    # the summation order is fixed: the old value, then the run in order of j
+    expect = start.clone()
+    for j in perm.tolist():
+        expect[int(index[j])] += values[j]
+    assert torch.equal(out, expect)
+    again = start.clone()
+    _kernels.fold_rows(values, index[perm].contiguous(), perm, again)
+    assert torch.equal(out, again)
+    # runs of one entry, one run over every entry, and nothing at all
+    for rows in (torch.arange(25, device=device), torch.full((90,), 3, device=device)):
+        src = torch.arange(int(rows.numel()), device=device)
+        got = _kernels.fold_rows(values, rows, src, torch.zeros_like(out))
+        want = torch.zeros_like(out).index_add_(0, rows, values[: int(rows.numel())])
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    assert torch.equal(_kernels.fold_rows(values, empty, empty, start.clone()), start)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -136,10 +162,8 @@ def test_a_recorded_launch_follows_new_arguments_and_sizes(
         values = torch.randn(n_values, n_cols, generator=g, dtype=torch.float64)
         values = values.to(float_dtype).to(device)
         perm = torch.argsort(index, stable=True)
-        rows, cnt = torch.unique_consecutive(index[perm], return_counts=True)
-        start = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(cnt, 0)])
         out = torch.zeros(n_rows, n_cols, dtype=float_dtype, device=device)
-        _kernels.fold_rows(values, start, rows, perm, out)
+        _kernels.fold_rows(values, index[perm].contiguous(), perm, out)
         ref = torch.zeros_like(out).index_add_(0, index, values)
         torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
         commands.append(_kernels._KERNELS[_kernels.fold_rows_kernel].recorded)

@@ -422,6 +422,49 @@ def test_with_late_flags_the_capacity_grows_one_call_later() -> None:
     assert search.host_rebuilds == host + 1 and search.capacity > capacity
 
 
+def test_under_dd_a_new_topology_rebuilds_without_waiting_and_grows_later() -> None:
+    """Under a DD context the list's host-side rebuild at a new topology does not
+    read its flags (``wait_for_host_builds`` off), once a first build sized it:
+    rows past the capacity walk the cells (exact) and the next call regrows.
+    Outside DD the same rebuild waits and regrows at once."""
+    sparse = make_batch(
+        jittered_lattice((5, 5, 5), np.eye(3) * 5.5, 0.05, 1), np.eye(3), [False] * 3
+    )
+    dense = sparse.replace(positions=sparse.positions * 0.7)
+    layouts = [ghost_layout(b, torch.arange(b.n_atoms), CUTOFF + 0.2) for b in (sparse, dense)]
+    halos = [SelfImageLayout(lay.n_owned, lay.source[lay.n_owned :]) for lay in layouts]
+
+    def at(model: LennardJones, k: int, version: int) -> Any:
+        with dd_scope(DDContext(layout=halos[k], topology_version=version)):
+            return model(layouts[k].batch)
+
+    model, fresh = _model("warp", skin=0.2), _model("warp", skin=0.2)
+    search = model.device_neighbors
+    search.mirror_factory = DelayedMirror
+    at(model, 0, 0)  # the first build waits: it sizes the matrix
+    assert search.wait_for_host_builds is False
+    capacity, host = search.capacity, search.host_rebuilds
+    walked = at(model, 1, 1)  # a new topology, denser: rebuilt on the host, not read
+    assert search.host_rebuilds == host + 1 and search.capacity == capacity
+    assert search._state is not None and int(search._state.flags[4]) > 0  # rows walked
+    oracle = at(fresh, 1, 0)  # a fresh list sized for the dense rows
+    _assert_matches(walked, oracle, torch.float64)
+    assert search.capacity == capacity  # the flags arrive one poll late
+    grown = at(model, 1, 1)
+    assert search.host_rebuilds == host + 2 and search.capacity > capacity
+    _assert_matches(grown, oracle, torch.float64)
+    plain = _model("warp", skin=0.2)  # outside DD: the rebuild waits and regrows at once
+    plain.device_neighbors.mirror_factory = DelayedMirror
+    plain(sparse)
+    before = plain.device_neighbors.capacity
+    other = make_batch(  # another atom count: a host-side rebuild
+        jittered_lattice((5, 5, 6), np.diag([3.85, 3.85, 4.62]), 0.05, 2), np.eye(3), [False] * 3
+    )
+    plain(other)
+    assert plain.device_neighbors.wait_for_host_builds is True
+    assert plain.device_neighbors.capacity > before
+
+
 @pytest.mark.parametrize("backend", ["warp", "torch"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_positions_raise(bad: float, backend: str) -> None:

@@ -56,7 +56,9 @@ class Route:
     world_size: int
     comm_device: torch.device
     _index_on: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
-    _csr_on: dict[torch.device, tuple[torch.Tensor, ...]] = field(default_factory=dict, repr=False)
+    _sorted_on: dict[torch.device, tuple[torch.Tensor, ...]] = field(
+        default_factory=dict, repr=False
+    )
 
     def index_on(self, device: torch.device) -> torch.Tensor:
         """``send_index`` on ``device`` (cached)."""
@@ -64,16 +66,15 @@ class Route:
             self._index_on[device] = self.send_index.to(device)
         return self._index_on[device]
 
-    def csr_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
-        """``(seg_start, seg_rows, seg_src)``: the sent rows grouped by owned row."""
-        if device not in self._csr_on:
+    def sorted_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """``(rows, src)``: the sent rows' owned rows sorted (stably) and, for
+        each, its position among the sent rows (cached; no host read: the
+        fold's runs of equal rows are found on the device)."""
+        if device not in self._sorted_on:
             idx = self.index_on(device)
             perm = torch.argsort(idx, stable=True)
-            rows, counts = torch.unique_consecutive(idx[perm], return_counts=True)
-            start = torch.zeros(int(rows.numel()) + 1, dtype=torch.int64, device=device)
-            start[1:] = torch.cumsum(counts, 0)
-            self._csr_on[device] = (start, rows.contiguous(), perm.contiguous())
-        return self._csr_on[device]
+            self._sorted_on[device] = (idx[perm].contiguous(), perm.contiguous())
+        return self._sorted_on[device]
 
 
 def _all_to_all(route: Route, rows: torch.Tensor, forward: bool) -> torch.Tensor:
@@ -109,9 +110,9 @@ def _fold(route: Route, rows: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] == 0:
         return out
     if dev.type in FOLD_WITH_WARP and rows.dtype in (torch.float32, torch.float64):
-        start, seg_rows, src = route.csr_on(dev)
+        owner, src = route.sorted_on(dev)
         flat = rows.reshape(int(rows.shape[0]), -1).contiguous()
-        _kernels.fold_rows(flat, start, seg_rows, src, out.reshape(route.n_owned, -1))
+        _kernels.fold_rows(flat, owner, src, out.reshape(route.n_owned, -1))
         return out
     return out.index_add_(0, route.index_on(dev), rows)
 

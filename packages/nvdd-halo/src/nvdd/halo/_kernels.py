@@ -3,7 +3,8 @@
 Three kernels build a plan; one more folds ghost rows back to their owners:
 
 - ``compute_fractional``: fractional coordinates ``frac = x @ inv(cell[s])`` and
-  a flag for non-finite positions.
+  a flag for non-finite positions or system indices out of range (rows with
+  such an index read nothing: the check costs no separate host read).
 - ``count_images``: per (candidate rank, atom), the number of periodic images
   of the atom inside the rank's expanded box. The box is a product of three
   intervals, so the images inside it form a product of three integer ranges
@@ -11,8 +12,9 @@ Three kernels build a plan; one more folds ghost rows back to their owners:
 - ``fill_images``: the same ranges enumerated (lexicographic image order), one
   packed metadata row ``[row, n0, n1, n2, atom_id, system]`` per ghost, written
   at the offsets of an exclusive prefix sum of the counts (``torch.cumsum``).
-- ``fold_rows``: deterministic sum of ghost rows into their owner rows over a
-  precomputed CSR (no atomics; the summation order is fixed).
+- ``fold_rows``: deterministic sum of ghost rows into their owner rows, over
+  the sent rows sorted by owner row (no atomics; the summation order is fixed;
+  nothing read on the host).
 
 Every kernel with a range or a capacity writes an overflow flag instead of
 truncating; the host turns it into a :class:`~nvdd.core.CapacityOverflowError`.
@@ -123,7 +125,10 @@ def compute_fractional(
     frac:
         Shape ``(n_atoms, 3)``, ``positions[i] @ inv_cell[system[i]]``.
     bad:
-        int32, shape ``(1,)``: 1 if any position is not finite.
+        int32, shape ``(1,)``: 2 if a system index lies outside
+        ``[0, n_systems)`` (those rows are not read from ``inv_cell``: their
+        ``frac`` is zero, or NaN for a non-finite position), else 1 if any
+        position is not finite, else 0.
     """
     dev = positions.device
     _check("positions", positions, _FLOATS, 2, dev)
@@ -247,31 +252,38 @@ def _check_select(
 
 def fold_rows(
     values: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_rows: torch.Tensor,
-    seg_src: torch.Tensor,
+    rows: torch.Tensor,
+    src: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """``out[seg_rows[k]] += sum(values[seg_src[seg_start[k]:seg_start[k+1]]])`` in order.
+    """``out[rows[j]] += values[src[j]]`` for every ``j``, in the order of ``j``.
+
+    One thread per run of equal ``rows`` (and column) sums its run, so the sum
+    is deterministic and no atomics are used; nothing about the runs is read on
+    the host (no synchronisation).
 
     Parameters
     ----------
     values:
         float32/64, shape ``(n_values, n_cols)``.
-    seg_start:
-        int64, shape ``(n_segments + 1,)``: CSR offsets into ``seg_src``.
-    seg_rows:
-        int64, shape ``(n_segments,)``: distinct target rows of ``out``.
-    seg_src:
-        int64, shape ``(n_values,)``: rows of ``values``, grouped by segment.
+    rows:
+        int64, shape ``(n,)``, sorted (non-decreasing): target rows of ``out``.
+    src:
+        int64, shape ``(n,)``: the row of ``values`` added at each entry.
     out:
         values' dtype, shape ``(n_rows, n_cols)``; updated in place and returned.
     """
     dev = values.device
     _check("values", values, _FLOATS, 2, dev)
     _check("out", out, values.dtype, 2, dev)
-    for name, t in (("seg_start", seg_start), ("seg_rows", seg_rows), ("seg_src", seg_src)):
+    for name, t in (("rows", rows), ("src", src)):
         _check(name, t, torch.int64, 1, dev)
-    dim = (int(seg_rows.shape[0]), int(out.shape[1]))
-    _launch(fold_rows_kernel, dim, [values, seg_start, seg_rows, seg_src, out], dev)
+    if rows.shape != src.shape:
+        raise ValidationError(
+            f"rows {tuple(rows.shape)} and src {tuple(src.shape)} must have the same shape"
+        )
+    dim = (int(rows.shape[0]), int(out.shape[1]))
+    if dim[0] == 0:
+        return out
+    _launch(fold_rows_kernel, dim, [values, rows, src, out], dev)
     return out

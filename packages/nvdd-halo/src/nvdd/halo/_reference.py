@@ -17,11 +17,17 @@ def compute_fractional_torch(
     positions: torch.Tensor, system: torch.Tensor, inv_cell: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See :func:`nvdd.halo._kernels.compute_fractional`."""
-    if inv_cell.shape[0] == 1:
+    n_sys = int(inv_cell.shape[0])
+    outside = (system < 0) | (system >= n_sys)
+    if n_sys == 1:
         frac = positions @ inv_cell[0]
     else:
-        frac = torch.bmm(positions.unsqueeze(1), inv_cell[system]).squeeze(1)
-    bad = (~torch.isfinite(positions)).any().to(torch.int32).reshape(1)
+        safe = system.clamp(0, n_sys - 1)
+        frac = torch.bmm(positions.unsqueeze(1), inv_cell[safe]).squeeze(1)
+    frac = torch.where(outside[:, None], positions * 0, frac)
+    bad = torch.maximum(
+        (~torch.isfinite(positions)).any().to(torch.int32), 2 * outside.any().to(torch.int32)
+    ).reshape(1)
     return frac, bad
 
 

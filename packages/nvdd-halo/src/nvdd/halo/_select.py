@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -22,6 +22,7 @@ __all__ = [
     "SelectBackend",
     "Selection",
     "check_plan_inputs",
+    "check_plan_values",
     "expanded_boxes",
     "fractional_widths",
     "rounding_margin",
@@ -114,7 +115,11 @@ def check_plan_inputs(
     system_index: object,
     cell: object,
 ) -> str | None:
-    """What is wrong with this rank's plan inputs (None when nothing is)."""
+    """What is wrong with this rank's plan inputs (None when nothing is): their
+    types, shapes, dtypes and devices, read on the host without touching the
+    device. Their values (system indices in range, a finite non-singular cell)
+    are checked by :func:`select_ghosts` with the flags it reads anyway
+    (:func:`check_plan_values`)."""
     if not isinstance(positions, torch.Tensor):
         return f"positions must be a torch.Tensor, got {type(positions).__name__}"
     if positions.dtype not in (torch.float32, torch.float64):
@@ -133,11 +138,21 @@ def check_plan_inputs(
         return f"cell has shape {shape}, expected ({s}, 3, 3) (n_systems of the config)"
     if cell.dtype != positions.dtype or cell.device != dev:
         return f"cell is {cell.dtype} on {cell.device}, positions {positions.dtype} on {dev}"
-    system_index = cast(torch.Tensor, system_index)  # checked above
-    if n and bool(((system_index < 0) | (system_index >= s)).any()):
-        bad = system_index[(system_index < 0) | (system_index >= s)][0]
-        return f"system_index holds {int(bad)}, expected values in [0, {s})"
-    c = cell.detach().to("cpu", torch.float64)
+    return None
+
+
+def check_plan_values(
+    system_index: torch.Tensor, n_systems: int, outside: bool, cell: torch.Tensor
+) -> str | None:
+    """What is wrong with the values of plan inputs whose metadata passed
+    :func:`check_plan_inputs`: a system index outside ``[0, n_systems)``
+    (``outside``, read on the device by the selection with its other flags), a
+    non-finite or singular ``cell`` (float64 on the CPU, from the same read).
+    Reads ``system_index`` again only to name a bad value."""
+    if outside:
+        bad = system_index[(system_index < 0) | (system_index >= n_systems)][0]
+        return f"system_index holds {int(bad)}, expected values in [0, {n_systems})"
+    c = cell.to(torch.float64)
     if not bool(torch.isfinite(c).all()):
         return f"cell is not finite: {c.tolist()}"
     det = torch.linalg.det(c).abs()
@@ -214,8 +229,9 @@ def select_ghosts(
     """Every (owned row, destination rank, image) of this rank's ghosts.
 
     Inputs must have passed :func:`check_plan_inputs`. Returns the selection,
-    or ``None`` with a failure kind and a message (non-finite positions, a
-    count past a limit). Local: no collective.
+    or ``None`` with a failure kind and a message (a system index out of
+    range, a non-finite or singular cell, non-finite positions, a count past
+    a limit). Local: no collective.
     """
     dev, dt = positions.device, positions.dtype
     world = config.world_size
@@ -224,26 +240,31 @@ def select_ghosts(
     system = system_index.contiguous()
     cell64 = cell.detach().to(torch.float64)
     inv_cell = torch.linalg.inv_ex(cell64).inverse.to(dt).contiguous()  # (checked inputs)
-    frac, bad = compute_fractional(pos, system, inv_cell)
-    # one copy to the host: the failure flag, max |frac|, the bounding boxes and
+    frac, bad = compute_fractional(pos, system, inv_cell)  # (rows out of range read nothing)
+    # one copy to the host: the failure flags, max |frac|, the bounding boxes and
     # the cell (each read alone would make a GPU stream drain)
     n_sys = config.n_systems
+    in_range = system if n_sys == 1 else system.clamp(0, n_sys - 1)  # (scatter indices)
     bound_dev = frac.detach().abs().amax() if frac.numel() else frac.new_zeros(())
     host = torch.cat(
         [
-            bad.any().reshape(1).to(torch.float64),
+            bad.reshape(1).to(torch.float64),
             bound_dev.reshape(1).to(torch.float64),
-            _bounding_boxes(frac, system, n_sys).to(torch.float64).reshape(-1),
+            _bounding_boxes(frac, in_range, n_sys).to(torch.float64).reshape(-1),
             cell64.reshape(-1),
         ]
     ).cpu()
-    if bool(host[0]):
+    flag = int(host[0])
+    bbox = host[2 : 2 + 6 * n_sys].reshape(2, n_sys, 3)
+    host_cell = host[2 + 6 * n_sys :].reshape(n_sys, 3, 3)
+    problem = check_plan_values(system, n_sys, flag == 2, host_cell)
+    if problem is not None:
+        return None, Failure.INVALID, problem
+    if flag:
         row = int((~torch.isfinite(pos)).any(dim=1).nonzero()[0, 0])
         return None, Failure.INVALID, f"positions[{row}] = {pos[row].tolist()} is not finite"
 
     bound = float(host[1])
-    bbox = host[2 : 2 + 6 * n_sys].reshape(2, n_sys, 3)
-    host_cell = host[2 + 6 * n_sys :].reshape(n_sys, 3, 3)
     elo64, ehi64 = expanded_boxes(config, host_cell, rounding_margin(dt, bound))
     cand_rank, cand_ok = _candidates(bbox, elo64, ehi64, config.pbc)
     n_cand, n = int(cand_rank.numel()), int(pos.shape[0])

@@ -51,7 +51,13 @@ def compute_fractional_kernel(
     bad: wp.array(dtype=wp.int32),
 ):
     i = wp.tid()
-    s = wp.int32(system[i])
+    sl = system[i]
+    if sl < wp.int64(0) or sl >= wp.int64(inv_cell.shape[0]):
+        wp.atomic_max(bad, 0, 2)  # (checked here: the host reads the flag with its others)
+        for a in range(3):
+            frac[i, a] = positions[i, a] * type(positions[i, a])(0.0)
+        return
+    s = wp.int32(sl)
     for a in range(3):
         v = positions[i, 0] * inv_cell[s, 0, a]
         v = v + positions[i, 1] * inv_cell[s, 1, a]
@@ -142,13 +148,23 @@ def fill_images_kernel(
 @wp.kernel(enable_backward=False)
 def fold_rows_kernel(
     values: wp.array2d(dtype=Any),
-    seg_start: wp.array(dtype=wp.int64),
-    seg_rows: wp.array(dtype=wp.int64),
-    seg_src: wp.array(dtype=wp.int64),
+    rows: wp.array(dtype=wp.int64),
+    src: wp.array(dtype=wp.int64),
     out: wp.array2d(dtype=Any),
 ):
+    # ``rows`` is sorted: the first entry of each run of equal rows sums the run
+    # in order (no atomics: a fixed summation order); the others do nothing.
     k, c = wp.tid()
-    acc = out[seg_rows[k], c]
-    for j in range(wp.int32(seg_start[k]), wp.int32(seg_start[k + 1])):
-        acc = acc + values[seg_src[j], c]
-    out[seg_rows[k], c] = acc
+    r = rows[k]
+    if k > 0:  # noqa: SIM102 - Warp's `and` evaluates both sides: rows[-1] at k = 0
+        if rows[k - 1] == r:
+            return
+    acc = out[r, c]
+    n = rows.shape[0]
+    j = k
+    while j < n:
+        if rows[j] != r:
+            break
+        acc = acc + values[src[j], c]
+        j = j + 1
+    out[r, c] = acc

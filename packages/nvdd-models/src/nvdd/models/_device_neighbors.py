@@ -139,6 +139,15 @@ class DeviceVerletList:
         matrix: True) or in cell order (coherent reads of the candidates:
         False); the list is the same either way. None (the default): row order
         from :data:`ROW_ORDER_MIN_ROWS` rows.
+    wait_for_host_builds:
+        True (the default): a host-side rebuild reads its flags at once (one
+        synchronisation), raises its errors and, when a row overflowed, grows
+        the matrix and builds again before returning. False: once the list has
+        been sized by such a read, later host-side rebuilds read their flags
+        like a steady call (asynchronously: errors raise, or are recorded with
+        ``defer_errors``, at a later call; an overflowing row walks the cells,
+        exact, and the next call regrows), so the host runs ahead of the build
+        (a DD rebuild step, where the host has more work to queue).
     """
 
     row_order_build: bool | None = None
@@ -174,6 +183,8 @@ class DeviceVerletList:
         self._seen_system = TensorMemo()
         self.pending_error: str | None = None
         self.host_rebuilds = 0
+        self.wait_for_host_builds = True
+        self._sized = False  # a host-side build's flags were read synchronously
         self._repeats = 0
         #: Launch only the check on CPU when nothing is rebuilt (reading the
         #: flag costs nothing there); tests turn it off to run the CUDA order.
@@ -260,6 +271,7 @@ class DeviceVerletList:
         self._seen_pbc = TensorMemo()
         self._seen_system = TensorMemo()
         self.pending_error = None
+        self._sized = False
 
     # ------------------------------------------------------------------ call
     def __call__(
@@ -399,13 +411,16 @@ class DeviceVerletList:
             after_replay(lambda: self._replayed(state))
             return
         self.host_rebuilds += int(force)
+        # a list sized by an earlier read may rebuild without waiting for its flags
+        wait = force and not (self._sized and not self.wait_for_host_builds)
         while True:
             self._call = (self._call + 1) & 0x3FFFFFFF
             self._launch_chain(state, pos, cell, system_index, force=force, track=track)
-            if not force:
+            if not wait:  # a steady call, or see wait_for_host_builds
                 self._after_call(state)
                 return
             values = state.flags.tolist()  # host-side rebuild: one synchronisation
+            self._sized = True
             self._raise_errors(state, int(values[ck.F_ERROR]))
             if not self._grow(int(values[ck.F_MAX_COUNT])):
                 return

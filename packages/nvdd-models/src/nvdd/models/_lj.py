@@ -392,6 +392,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         warp, neighbors = self._warp, self._warp.neighbors
         distributed = current_dd_context().layout is not None
         neighbors.defer_errors = distributed
+        # under DD a rebuild step has the plan and the fold to queue behind the
+        # list build: its flags come back asynchronously (errors are deferred anyway)
+        neighbors.wait_for_host_builds = not distributed
 
         def data_check() -> str | None:
             # a deferred neighbour error (under DD) is shared here, at a new topology
