@@ -100,11 +100,12 @@ def random_case(seed: int) -> dict[str, Any]:
         # orders grow past the float32 tolerance within 30 steps (seed 3755:
         # fine at 10 steps, and at 30 in float64); compare the first 10
         steps = 10
-    if model == "lj32" and integ.startswith("npt") and temp >= 2000:
-        # float32, a hot system under the barostat (the cell moves every step):
-        # the same growth passes the float32 energy tolerance near step 30
-        # (seeds 7607 and 7653: equal in float64 at 30 steps, and in float32
-        # at 20); compare at most 20
+    if model == "lj32" and integ.startswith("npt"):
+        # float32 under the barostat (the cell moves every step): the same growth
+        # passes the float32 energy tolerance near step 30 in hot systems (seeds
+        # 7607 and 7653) and in a 5 K liquid quenched from a random start under
+        # the full-cell barostat (seed 11528: 7.4e-5 on 2.97 at 30 steps; equal
+        # in float64 at 30 steps, in float32 at 20); compare at most 20
         steps = min(steps, 20)
     every = r.choice([0, 1, 3, 7])
     species = (
