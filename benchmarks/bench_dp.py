@@ -116,11 +116,25 @@ def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
         )
     if os.environ.get(ROW_ORDER_ENV):  # an A/B leg of the build's thread order
         model._warp.neighbors.row_order_build = os.environ[ROW_ORDER_ENV] == "1"
+    if os.environ.get(WAIT_BUILDS_ENV) == "1":  # an A/B leg: wait for every host-side build
+        _always_wait(model._warp.neighbors)
     return model
+
+
+def _always_wait(neighbors: Any) -> None:
+    """Make ``neighbors`` wait for every host-side build's flags (what it does
+    outside DD), whatever the model sets per call (benchmark-only A/B leg)."""
+    cls = type(neighbors)
+    patched = type(cls.__name__ + "Waiting", (cls,), {})
+    patched.wait_for_host_builds = property(lambda self: True, lambda self, value: None)  # type: ignore[attr-defined]
+    neighbors.__class__ = patched
 
 
 #: "1" / "0": the LJ device list builds in row order / cell order (unset: the default).
 ROW_ORDER_ENV = "NVDD_BENCH_ROW_ORDER"
+#: "1": the LJ device list waits for every host-side build under DD too (an A/B
+#: leg of ``DeviceVerletList.wait_for_host_builds``; unset: the model's choice).
+WAIT_BUILDS_ENV = "NVDD_BENCH_WAIT_BUILDS"
 #: Cells per search radius of the LJ model's device list (unset: the model's own).
 CELLS_PER_CUTOFF_ENV = "NVDD_BENCH_CELLS_PER_CUTOFF"
 

@@ -25,6 +25,10 @@
 #        h1after (the same for rebuild steps and for the capture step after each),
 #        h1checks (GPU tests of every package and of the captured steps; the NCCL
 #        suite at 1 rank with the halo forced, fp64 and fp32),
+#        h1waitab (the list build waited for or not under DD, legs alternated, with
+#        the capture step's host time in parts),
+#        h1maceab (MACE with the halo forced, product blocks on all rows or owned
+#        rows only, legs alternated),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -373,6 +377,32 @@ h1after)
       step "LJ fp32 cells=$cells, halo forced on one GPU: timeline ${mode:-of forced rebuild steps}"
       timeout 240 python3 benchmarks/timeline_dd.py --device cuda --cells $cells --dtype float32 \
         --steps 2 --warmup 20 --top 40 $mode 2>&1 | quiet
+    done
+  done
+  ;;
+h1waitab)
+  # the list build waited for (NVDD_BENCH_WAIT_BUILDS=1) or not (the LJ default
+  # under DD), this tree, legs alternated; the capture step's host time in parts
+  for cells in 63 40; do
+    for leg in nowait wait nowait wait; do
+      step "LJ fp32 cells=$cells, halo forced on one GPU, 200 steps one by one: $leg"
+      if [ "$leg" = wait ]; then w=1; else w=0; fi
+      NVDD_BENCH_WAIT_BUILDS=$w timeout 200 python3 benchmarks/profile_dd.py --device cuda --world 1 \
+        --halo --cells $cells --dtype float32 --warmup 30 --steps 5 --trace 200 2>&1 | quiet | grep -A3 "trace ("
+    done
+  done
+  ;;
+h1maceab)
+  # MACE (random "medium", e3nn, fp32) with the halo forced on one GPU: the product
+  # blocks on all rows (.ab_base) or on the owned rows only (this tree), alternated
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for cells in 20 16; do
+    for leg in base new base new; do
+      step "MACE fp32 cells=$cells, halo forced on one GPU: $leg"
+      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
+      PYTHONPATH="$pp" timeout 200 python3 benchmarks/bench_mace.py --device cuda --modes dd1halo \
+        --start-cells $cells --doublings 0 --steps 5 --warmup 2 --dtypes float32 2>&1 | quiet \
+        | grep -E "^dd1halo|^plain|Error"
     done
   done
   ;;

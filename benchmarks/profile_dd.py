@@ -34,6 +34,8 @@ def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
     the cost of one rebuild cycle (the rebuild step, the eager steps and the
     capture after it, each less a replayed step) over the replayed step."""
     graphs = getattr(dyn, "graphs", None)
+    host_seconds = _capture_seconds()
+    start = dict(host_seconds)
     tags: list[str] = []
     times: list[float] = []
     for _ in range(steps):
@@ -61,7 +63,10 @@ def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
     replay = statistics.median(by["G"]) if "G" in by else float("nan")
     extra = sum(ms - replay for tag, ms in zip(tags, times, strict=True) if tag != "G")
     rebuilds = max(1, counts.get("R", 0))
+    captured = max(1, counts.get("C", 0))
+    capture_ms = {k: 1000 * (v - start[k]) / captured for k, v in host_seconds.items()}
     return {
+        "capture_host_ms": capture_ms,
         "sequence": "".join(tags),
         "counts": counts,
         "mean_ms": means,
@@ -69,6 +74,13 @@ def _trace(dp: Any, dyn: Any, steps: int, sync: Any) -> dict[str, Any]:
         "per_step_ms": statistics.mean(times),
         "extra_per_rebuild_ms": extra / rebuilds,
     }
+
+
+def _capture_seconds() -> dict[str, float]:
+    """``CudaStepGraph.host_seconds`` (live; all zero where no graph is captured)."""
+    from nvdd.core import _capture
+
+    return _capture.CudaStepGraph.host_seconds
 
 
 def lj_setup(cells: int, device: str, dtype_name: str, halo: bool) -> tuple[Any, ...]:
@@ -455,6 +467,9 @@ def main() -> None:
                 f"{t['extra_per_rebuild_ms']:.1f} ms over replayed steps ({t['replay_ms']:.2f})"
             )
             print(f"   {t['sequence']}")
+            if any(t["capture_host_ms"].values()):
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in t["capture_host_ms"].items())
+                print(f"   host ms per capture step (CudaStepGraph.host_seconds): {parts}")
             if "reserved_mb" in t:
                 print(f"   allocator: {t['reserved_mb']:.0f} MiB reserved after the trace, "
                       f"{t['max_reserved_mb']:.0f} MiB at most")  # fmt: skip

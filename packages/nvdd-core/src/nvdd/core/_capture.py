@@ -38,9 +38,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -192,13 +193,27 @@ def _capture_stream(device: torch.device) -> Any:  # pragma: no cover - CUDA onl
 
 class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStepGraph)
     """A ``torch.cuda.CUDAGraph`` of one step (captured on a side stream, into
-    ``pool`` when given: :class:`GraphPool`)."""
+    ``pool`` when given: :class:`GraphPool`).
+
+    ``host_seconds`` (class-wide, for benchmarks) accumulates the host time of
+    every capture in three parts: ``wait`` (the synchronisation before it:
+    the device finishing earlier work), ``body`` (the step's host code while the
+    stream records) and ``end`` (``capture_end``: the graph's instantiation);
+    ``first_replay`` is the host time of each graph's first launch (its upload).
+    """
 
     executes_on_capture = False
+    host_seconds: ClassVar[dict[str, float]] = {
+        "wait": 0.0,
+        "body": 0.0,
+        "end": 0.0,
+        "first_replay": 0.0,
+    }
 
     def __init__(self, pool: GraphPool | None = None) -> None:
         self._graph = torch.cuda.CUDAGraph()
         self.pool = pool
+        self._replayed = False
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
         # The garbage collector stays off while the stream captures: a collection
@@ -211,7 +226,9 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
         if self.pool is not None:
             device = self.pool.device
         pool_id = self.pool.handle() if self.pool is not None else None
+        times, t0 = CudaStepGraph.host_seconds, time.perf_counter()
         torch.cuda.synchronize(device)
+        times["wait"] += time.perf_counter() - t0
         free, total = torch.cuda.mem_get_info(device)
         if free < TIGHT_MEMORY_FRACTION * total:
             torch.cuda.empty_cache()  # (what torch.cuda.graph does every time)
@@ -226,6 +243,7 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
                         self._graph.capture_begin()
                     else:
                         self._graph.capture_begin(pool=pool_id)
+                    t1 = time.perf_counter()
                     try:
                         body()
                     except BaseException:
@@ -233,7 +251,10 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
                         with contextlib.suppress(RuntimeError):
                             self._graph.capture_end()
                         raise
+                    t2 = time.perf_counter()
                     self._graph.capture_end()
+                    times["body"] += t2 - t1
+                    times["end"] += time.perf_counter() - t2
                     if self.pool is not None:
                         self.pool.hold(self._graph)
                 except CaptureError:
@@ -247,7 +268,13 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
                 gc.enable()
 
     def replay(self) -> None:
+        if self._replayed:
+            self._graph.replay()
+            return
+        t0 = time.perf_counter()
         self._graph.replay()
+        self._replayed = True
+        CudaStepGraph.host_seconds["first_replay"] += time.perf_counter() - t0
 
 
 #: Operations that read a device value on the host (or have data-dependent
