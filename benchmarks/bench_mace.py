@@ -15,7 +15,10 @@ Modes (each measurement runs in fresh processes, one per rank):
 
 - ``plain``: the model in the raw single-process integrator (no DD wrapper);
 - ``dd1``: DomainParallel on 1 rank (the wrapper's own cost);
-- ``dd2``: DomainParallel on 2 ranks (2 GPUs over NCCL, or 2 CPU ranks).
+- ``dd2``: DomainParallel on 2 ranks (2 GPUs over NCCL, or 2 CPU ranks);
+- ``dd1halo``: DomainParallel on 1 rank with the halo path forced
+  (``DomainConfig(halo_on_one_rank=True)``: the rank's ghost rows are its own
+  periodic images), what a multi-GPU rank runs, on one GPU.
 
 For each mode, dtype and cuEquivariance setting the system size doubles from
 ``--start-cells``^3 atoms (one axis at a time) for ``--doublings`` steps or until
@@ -178,7 +181,10 @@ def measure(
             elapsed = time.perf_counter() - t0
             ghosts = 0
         else:
-            with DomainParallel(dyn, DomainConfig(cutoff=model.cutoff, skin=skin)) as dp:
+            config = DomainConfig(
+                cutoff=model.cutoff, skin=skin, halo_on_one_rank=mode == "dd1halo"
+            )
+            with DomainParallel(dyn, config) as dp:
                 dp.partition()
                 dp.run(warmup)
                 _sync(device)
@@ -262,6 +268,8 @@ def _print_row(r: dict[str, Any]) -> None:
     peak = f"{max(r['peak_mb']):12.0f}" if "peak_mb" in r else f"{'-':>12}"
     cueq = "on" if r.get("cueq") else "off"
     extra = f"  {r.get('error', '')}" if r["status"] != "ok" else ""
+    if any(r.get("ghosts", ())):
+        extra += f"  (ghost rows per rank: {r['ghosts']})"
     print(
         f"{r['mode']:<6}{r['ranks']:>6}  {r['dtype']:<8}{cueq:>5}{r['atoms']:>10}{ms}{peak}"
         f"  {r['status']}{extra}",
@@ -276,12 +284,12 @@ def _targets(rows: list[dict[str, Any]]) -> None:
         sel = [r for r in rows if r["dtype"] == dtype and bool(r.get("cueq")) == cueq]
         ok = {
             m: [r for r in sel if r["mode"] == m and r["status"] == "ok"]
-            for m in ("plain", "dd1", "dd2")
+            for m in ("plain", "dd1", "dd2", "dd1halo")
         }
         largest = {m: max((r["atoms"] for r in v), default=0) for m, v in ok.items()}
         oom = {m: any(r["mode"] == m and r["status"] == "OOM" for r in sel) for m in ok}
         print(f"\n{dtype}, cuEquivariance {'on' if cueq else 'off'}:")
-        for m in ("plain", "dd1", "dd2"):
+        for m in ("plain", "dd1", "dd2", "dd1halo"):
             if largest[m]:
                 bound = "(next size: OOM)" if oom[m] else "(no OOM reached)"
                 print(f"  largest system, {m}: {largest[m]} atoms {bound}")
@@ -307,7 +315,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--size", default="medium", choices=sorted(SIZES))
-    p.add_argument("--modes", nargs="+", default=["plain", "dd1"], choices=["plain", "dd1", "dd2"])
+    p.add_argument(
+        "--modes", nargs="+", default=["plain", "dd1"], choices=["plain", "dd1", "dd2", "dd1halo"]
+    )
     p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
     p.add_argument("--cueq", default="off", choices=["off", "on", "both"])
     p.add_argument("--start-cells", type=int, default=16, help="lattice repeats per axis at first")

@@ -181,9 +181,11 @@ def test_spec_refreshes_before_every_interaction_after_the_first() -> None:
     assert spec is model.distribution_spec("halo") and spec.name == "SPEC_MACE_HALO"
     assert spec.outputs == SPEC_MPNN_HALO.outputs
     assert spec.force_strategy is SPEC_MPNN_HALO.force_strategy
-    (adapter,) = spec.adapters()  # interactions 1 and 2 share a class: one patch
-    assert isinstance(adapter, MethodAdapter)
-    assert adapter.method == ("mace.modules.blocks:RealAgnosticResidualInteractionBlock.forward")
+    # interactions 1 and 2 share a class, the three products another: two patches
+    refresh, product = spec.adapters()
+    assert isinstance(refresh, MethodAdapter) and isinstance(product, MethodAdapter)
+    assert refresh.method == "mace.modules.blocks:RealAgnosticResidualInteractionBlock.forward"
+    assert product.method == "mace.modules.blocks:EquivariantProductBasisBlock.forward"
     assert pickle.loads(pickle.dumps(spec)) == spec
 
 
@@ -247,8 +249,29 @@ def test_on_its_own_periodic_images_equals_the_periodic_model(device: str, cueq:
     batch = layout.batch.to(device)
     leaf = batch.positions.clone().requires_grad_(True)
     adapters = model.distribution_spec().adapters()
+    # the product blocks run on the owned rows only and hand zeros to the ghosts
+    rows_in: list[int] = []
+    ghost_out: list[float] = []
+    hooks = []
+    for product in model.mace.products:
+        hooks.append(
+            product.symmetric_contractions.register_forward_pre_hook(
+                lambda _m, args: rows_in.append(int(args[0].shape[0]))
+            )
+        )
+        hooks.append(
+            product.register_forward_hook(
+                lambda _m, _a, out: ghost_out.append(
+                    float(out.detach()[layout.n_owned :].abs().max())
+                )
+            )
+        )
     with AdapterRegistry(adapters), dd_scope(DDContext(layout=halo, positions=leaf)):
         out = {k: v.detach().cpu() for k, v in model(batch.replace(positions=leaf)).items()}
+    for hook in hooks:
+        hook.remove()
+    assert rows_in == [layout.n_owned] * len(model.mace.products), rows_in
+    assert ghost_out == [0.0] * len(model.mace.products), ghost_out
     forces = torch.zeros_like(reference["forces"]).index_add(0, layout.source, out["forces"])
     torch.testing.assert_close(out["energy"], reference["energy"], rtol=0, atol=ATOL)
     torch.testing.assert_close(forces, reference["forces"], rtol=0, atol=ATOL)

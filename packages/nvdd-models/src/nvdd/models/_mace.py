@@ -243,7 +243,9 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
                     "compiled code; load the (non-compiled) .model file instead"
                 )
             inner: Any = self.mace
-            self._spec = mace_halo_spec(type(m) for m in list(inner.interactions)[1:])
+            self._spec = mace_halo_spec(
+                (type(m) for m in list(inner.interactions)[1:]), (type(m) for m in inner.products)
+            )
         return halo_spec(self, strategy, self._spec)
 
     # ------------------------------------------------------------- physics

@@ -17,6 +17,13 @@ Why this is exact (the argument the tests check numerically):
    exact rows into the ghosts: sender rows exact again.
 4. Product and readout blocks are per-atom; energies count owned rows only
    (``system_sum``), so ghost rows of the last product need no refresh.
+5. So no ghost row of a product block's output is ever read: the next
+   interaction reads it refreshed (the refresh overwrites ghost rows, and its
+   adjoint gives their input rows no gradient), and the last one's ghost rows
+   feed energies that are not counted. The product block therefore runs on the
+   owned rows only and returns zeros for the others
+   (:func:`owned_rows_product`): the symmetric contraction, the most expensive
+   per-atom block, is not paid for the ghosts.
 
 So an ``L``-interaction MACE needs ``L - 1`` refreshes per forward, and each
 costs one halo exchange forward and one reverse exchange in the backward (the
@@ -34,7 +41,7 @@ from typing import Any
 import torch
 
 from nvdd.core import ConfigurationError, get_rank
-from nvdd.shardtensor import refresh_neighbors
+from nvdd.shardtensor import current_dd_context, refresh_neighbors
 from nvdd.spec import (
     SPEC_MPNN_HALO,
     DistributionSpec,
@@ -45,7 +52,7 @@ from nvdd.spec import (
     distributed_method,
 )
 
-__all__ = ["SPEC_MACE_NAME", "mace_halo_spec", "refresh_interaction_input"]
+__all__ = ["SPEC_MACE_NAME", "mace_halo_spec", "owned_rows_product", "refresh_interaction_input"]
 
 #: Name of the spec a :class:`~nvdd.models.MACEModel` declares.
 SPEC_MACE_NAME = "SPEC_MACE_HALO"
@@ -79,23 +86,65 @@ def refresh_interaction_input(
     return original(self_, *args, **kwargs)
 
 
+@distributed_method
+def owned_rows_product(original: Callable[..., Any], self_: Any, *args: Any, **kwargs: Any) -> Any:
+    """MethodAdapter body for a MACE product block's ``forward``: per-atom work on
+    the owned rows only.
+
+    Under a live DD context whose layout has ghost rows, every tensor argument
+    with the layout's ``n_padded`` rows (``node_feats``, ``sc``, ``node_attrs``)
+    is cut to its first ``n_owned`` rows, the block runs on them, and its output
+    is padded with zero rows back to ``n_padded``. Exact because no ghost row of
+    a product's output is read (module notes, point 5). Local (no
+    communication); the original runs unchanged outside DD, without ghost rows,
+    without owned rows, or when an argument's rows do not match the layout.
+    """
+    layout = current_dd_context().layout
+    # (no owned row: the block runs as it is, since some blocks cannot take 0 rows)
+    if layout is None or not 0 < layout.n_owned < layout.n_padded:
+        return original(self_, *args, **kwargs)
+    n_owned, n_rows = layout.n_owned, layout.n_padded
+    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    if not tensors or any(t.dim() == 0 or t.shape[0] != n_rows for t in tensors):
+        return original(self_, *args, **kwargs)
+
+    def cut(v: Any) -> Any:
+        return v[:n_owned] if isinstance(v, torch.Tensor) else v
+
+    out = original(self_, *(cut(a) for a in args), **{k: cut(v) for k, v in kwargs.items()})
+    if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != n_owned:
+        raise ConfigurationError(
+            f"rank {get_rank()}: owned_rows_product: {type(self_).__name__}.forward on "
+            f"{n_owned} owned rows returned "
+            f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}; "
+            "expected one per-atom tensor with a row per owned atom"
+        )
+    return torch.cat([out, out.new_zeros((n_rows - n_owned, *out.shape[1:]))])
+
+
 def _class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def mace_halo_spec(interaction_classes: Iterable[type]) -> MLIPSpec:
-    """The halo spec of a MACE whose interactions ``1..L-1`` have these classes.
+def mace_halo_spec(
+    interaction_classes: Iterable[type], product_classes: Iterable[type] = ()
+) -> MLIPSpec:
+    """The halo spec of a MACE whose interactions ``1..L-1`` have
+    ``interaction_classes`` and whose product blocks have ``product_classes``.
 
     ``SPEC_MPNN_HALO``'s outputs and force strategy (forces by autograd on every
     padded row, replicated energy, virial and stress as per-rank partials), local
-    scatters (owned receivers) and one :class:`~nvdd.spec.MethodAdapter` per
-    interaction class running :func:`refresh_interaction_input`.
+    scatters (owned receivers), one :class:`~nvdd.spec.MethodAdapter` per
+    interaction class running :func:`refresh_interaction_input` and one per
+    product class running :func:`owned_rows_product`.
     """
     adapters = tuple(
-        MethodAdapter(
-            f"{_class_name(cls)}.forward", refresh_interaction_input, declared_in=SPEC_MACE_NAME
+        MethodAdapter(f"{_class_name(cls)}.forward", body, declared_in=SPEC_MACE_NAME)
+        for classes, body in (
+            (interaction_classes, refresh_interaction_input),
+            (product_classes, owned_rows_product),
         )
-        for cls in dict.fromkeys(interaction_classes)
+        for cls in dict.fromkeys(classes)
     )
     return SPEC_MPNN_HALO | MLIPSpec(
         name=SPEC_MACE_NAME,
