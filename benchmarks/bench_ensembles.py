@@ -17,7 +17,8 @@ Three modes (LJ argon, cutoff 6 A, the systems of integration_tests/it_ensembles
 
 ``timing``
     ms/step of the single-process integrators (velocity Verlet, NVT-NH with and
-    without CUDA graphs, NPT isotropic, NPT full) on one device: the
+    without CUDA graphs, NPT isotropic, NPT full; ``--kinds`` picks, e.g. ``fire
+    fire-eager``: FIRE from the liquid, never converging) on one device: the
     integrators' own cost::
 
         python benchmarks/bench_ensembles.py timing --device cuda --cells 20 --steps 200
@@ -112,29 +113,27 @@ def pressure_mode(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+#: The integrators ``timing`` runs by default (``-eager``: every step eager).
+TIMED_KINDS = ("nve", "nvt-nh", "nvt-nh-eager", "npt-iso", "npt-iso-eager", "npt-full",
+               "npt-full-eager")  # fmt: skip
+
+
 def timing_mode(args: argparse.Namespace) -> dict[str, Any]:
     from it_ensembles import integrator
     from it_systems import lj_model
 
     from nvalchemi.distributed._demo import argon_box
-    from nvdd.dynamics import VelocityVerlet
+    from nvdd.dynamics import FIRE, VelocityVerlet
 
     dev = torch.device(args.device)
     out: dict[str, Any] = {}
-    kinds = (
-        "nve",
-        "nvt-nh",
-        "nvt-nh-eager",
-        "npt-iso",
-        "npt-iso-eager",
-        "npt-full",
-        "npt-full-eager",
-    )
-    for kind in kinds:
+    for kind in args.kinds:
         batch = argon_box(args.cells, dtype=torch.float64, temperature_K=90.0, seed=0).to(dev)
         model = lj_model().to(dev)
         if kind == "nve":
             dyn: Any = VelocityVerlet(model, batch, dt_fs=4.0)
+        elif kind.startswith("fire"):  # (fmax never met: every step runs its test)
+            dyn = FIRE(model, batch, dt_fs=1.0, dt_max_fs=4.0, fmax=1e-30)
         else:
             dyn = integrator(kind.removesuffix("-eager"), batch, model=model)
         if kind.endswith("-eager"):  # the same integrator, every step eager (no CUDA graphs)
@@ -167,6 +166,13 @@ def main() -> None:
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--cells", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=list(TIMED_KINDS),
+        choices=[*TIMED_KINDS, "fire", "fire-eager"],
+        help="timing: the integrators to time",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     warnings.simplefilter("ignore")

@@ -29,6 +29,7 @@
 #        the capture step's host time in parts),
 #        h1maceab (MACE with the halo forced, product blocks on all rows or owned
 #        rows only, legs alternated),
+#        h1fireab (FIRE on the host against FIRE on the device, captured and eager),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -403,6 +404,20 @@ h1maceab)
       PYTHONPATH="$pp" timeout 200 python3 benchmarks/bench_mace.py --device cuda --modes dd1halo \
         --start-cells $cells --doublings 0 --steps 5 --warmup 2 --dtypes float32 2>&1 | quiet \
         | grep -E "^dd1halo|^plain|Error"
+    done
+  done
+  ;;
+h1fireab)
+  # FIRE on one GPU: the host-deciding FIRE (.ab_base) against the device FIRE of
+  # this tree, captured and eager, LJ argon fp64 (bench_ensembles timing), alternated
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for cells in 32 63; do
+    for leg in base new base new; do
+      step "FIRE, LJ argon fp64 cells=$cells, one GPU: $leg"
+      if [ "$leg" = base ]; then pp="$base_path"; kinds="fire"; else pp="$PYTHONPATH"; kinds="fire fire-eager"; fi
+      # shellcheck disable=SC2086
+      PYTHONPATH="$pp" timeout 200 python3 benchmarks/bench_ensembles.py timing --device cuda \
+        --cells $cells --steps 200 --kinds $kinds 2>&1 | quiet | grep "ms/step"
     done
   done
   ;;

@@ -16,6 +16,7 @@ from it_systems import crystal, model_for
 
 from nvdd.core import Batch
 from nvdd.dynamics import (
+    FIRE,
     MTKNPT,
     CellDOF,
     DomainConfig,
@@ -127,6 +128,8 @@ def host_syncs_per_step(
         dyn: Any = VelocityVerlet(model, batch, dt_fs=1.0)
         if integrator == "nvt-nh":
             dyn = NoseHooverNVT(model, batch, dt_fs=1.0, temperature_K=30.0, tau_fs=50.0)
+        elif integrator == "fire":  # (never converges: the convergence test runs every step)
+            dyn = FIRE(model, batch, dt_fs=1.0, fmax=1e-30)
         elif integrator.startswith("npt-"):
             dof = CellDOF.FULL if integrator == "npt-full" else CellDOF.ISOTROPIC
             dyn = MTKNPT(model, batch, dt_fs=1.0, temperature_K=30.0, pressure_bar=1.0e4,

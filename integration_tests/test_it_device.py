@@ -118,3 +118,22 @@ def test_a_steady_nose_hoover_step_reads_only_its_divergence_flag(integrator: st
         assert len(flags) == r["steps"], wrapper
         others = [e for e in wrapper if e not in reads and e not in flags]
         assert others == [], others
+
+
+def test_a_steady_fire_step_reads_only_its_convergence_test() -> None:
+    """FIRE keeps its adaptive state (time step, mixing, the downhill count) on the
+    device and decides there: a steady step reads the decision, as a
+    velocity-Verlet step does, plus the convergence test after the step (the
+    largest force, all-reduced), and nothing else (the power and norms it read
+    every step before stay on the device)."""
+    out = run_ranks(host_syncs_per_step, 2, "periodic", "lj", 6, "fire", timeout_s=300)
+    for rank, r in enumerate(out):
+        assert r["steady_rebuilds"] == 0, f"rank {rank}: the steady window rebuilt"
+        wrapper = [e for e in r["steady"] if " at models/" not in e]
+        reads = [e for e in wrapper if "(read_decision)" in e]
+        assert len(reads) == r["steps"] + 1, wrapper
+        # once before the first step (a converged start takes none), once after each
+        tests = [e for e in wrapper if "(max_force)" in e]
+        assert len(tests) == r["steps"] + 1, wrapper
+        others = [e for e in wrapper if e not in reads and e not in tests]
+        assert others == [], others

@@ -102,7 +102,7 @@ def test_steady_steps_are_replayed_and_equal_eager_steps() -> None:
 
 def test_nothing_is_captured_unless_every_part_opts_in() -> None:
     assert _run(True, capturable=False)[0].graphs.captures == 0  # the model
-    dyn = FIRE(Springs(), _batch())  # the integrator (FIRE decides on the host)
+    dyn = _HostDecides(Springs(), _batch())  # the integrator
     with emulated_capture():
         dyn.run(6)
     assert dyn.graphs.captures == 0
@@ -110,6 +110,67 @@ def test_nothing_is_captured_unless_every_part_opts_in() -> None:
     dyn.graphs.enabled = True
     dyn.run(6)
     assert dyn.graphs.captures == 0
+
+
+class _HostDecides(VelocityVerlet):
+    """An integrator that does not opt in (its steps would decide on the host)."""
+
+    def graph_key(self) -> Hashable | None:
+        return None
+
+
+def _fire(graphs: bool, steps: int, device: str = "cpu") -> tuple[FIRE, list[tuple[float, int]]]:
+    """FIRE in harmonic wells away from the start; at step 30 a hook reverses the
+    velocities (uphill: the state resets inside a replayed run). Returns the
+    integrator and its ``(dt_fs, n_positive)`` after every step. On the CPU the
+    capture is emulated; on CUDA it is a CUDA graph."""
+    b = _batch().to(device)
+    model = Springs()  # minima away from the start, each atom its own well
+    shift = torch.linspace(-0.4, 0.4, 3 * b.n_atoms, dtype=b.dtype, device=b.device)
+    model.anchor = b.positions + shift.reshape(-1, 3)
+    dyn = FIRE(model, b.replace(velocities=b.velocities * 0), dt_fs=0.5, fmax=1e-9,
+               dt_max_fs=2.0, n_min=2, cuda_graphs=graphs)  # fmt: skip
+    seen: list[tuple[float, int]] = []
+
+    def reverse(ctx: Any) -> None:  # a new tensor: the replay copies it in
+        if ctx.step == 30:
+            dyn.batch = dyn.batch.replace(velocities=-dyn.batch.velocities)
+
+    dyn.register_hook(HookStage.BEFORE_STEP, reverse)
+    dyn.register_hook(HookStage.AFTER_STEP, lambda ctx: seen.append((dyn.dt_fs, dyn.n_positive)))
+    if device == "cpu":
+        with emulated_capture():
+            dyn.run(steps)
+    else:
+        dyn.run(steps)
+    return dyn, seen
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fire_steps_are_replayed_and_equal_eager_steps(device: str) -> None:
+    """FIRE's adaptive state lives on the device: its steady steps replay, with
+    the time step growing to its cap and an uphill step resetting it, bit for bit
+    as eager steps."""
+    (eager, e_seen), (graphed, g_seen) = _fire(False, 40, device), _fire(True, 40, device)
+    assert graphed.graphs.captures == 1 and graphed.graphs.replays >= 35
+    for name in ("positions", "velocities", "forces"):
+        assert torch.equal(getattr(graphed.batch, name), getattr(eager.batch, name)), name
+    assert g_seen == e_seen
+    assert e_seen[0] == (0.25, 0)  # zero velocities: no power, the step halves
+    assert (2.0, 25) in e_seen  # grown to dt_max_fs after n_min steps downhill
+    assert e_seen[30] == (1.0, 0)  # the reversed velocities: uphill, halved, reset
+    assert graphed.step_count == eager.step_count == 40
+    state = torch.tensor(eager.state_arrays()["fire"])
+    assert state.tolist() == [eager.dt_fs, eager.alpha, float(eager.n_positive)]
+
+
+def test_fire_state_round_trips_through_state_arrays() -> None:
+    a, _ = _fire(False, 12)
+    b, _ = _fire(False, 0)
+    b.load_state_arrays(a.state_arrays())
+    assert (b.dt_fs, b.alpha, b.n_positive) == (a.dt_fs, a.alpha, a.n_positive)
+    b.dt_fs, b.alpha, b.n_positive = 0.25, 0.05, 3  # (what an older checkpoint sets)
+    assert (b.dt_fs, b.alpha, b.n_positive) == (0.25, 0.05, 3)
 
 
 def test_the_environment_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

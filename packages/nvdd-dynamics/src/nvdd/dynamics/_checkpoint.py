@@ -9,7 +9,8 @@ A checkpoint is a directory readable with NumPy and ``json`` alone:
   ``energy``, ``stress``, extras);
 - ``manifest.json``: the format and version, the world size, the shard files
   with their atom counts, the field names, dtypes and shapes, the integrator's
-  class and scalar state (step count, time step, seed, FIRE's ``alpha`` ...), the
+  class and scalar state (step count, time step, seed ...) and state arrays (a
+  thermostat's chain, FIRE's adaptive time step and mixing), the
   partitioner's boxes, and free metadata.
 
 Writing is atomic as a whole: every file is written to a temporary name,
@@ -410,8 +411,8 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
     """Restart ``dp`` from the checkpoint in ``path``, in place of ``partition``.
 
     **Collective** over ``dp``'s mesh. The integrator must be of the class that
-    was saved; its scalar state (step count, time step, seed, FIRE state ...) is
-    restored and the saved forces are used for the first half step (no force
+    was saved; its scalar state (step count, time step, seed ...) and state
+    arrays (chains, FIRE's adaptive state) are restored and the saved forces are used for the first half step (no force
     computation at load). On the world size of the checkpoint, with the same
     ghost width, every rank reads its own shard and the saved boxes (an exact
     continuation); otherwise rank ``dp.src`` reads every shard and scatters.

@@ -14,8 +14,9 @@ When a step is captured
     :func:`nvdd.core.emulated_capture`), after :data:`WARMUP_STEPS` eager steps
     with the same keys (:data:`WARMUP_AFTER_REBUILD` after a split step's
     provider rebuilt: its rebuild step ran the new plan once already). Today:
-    :class:`VelocityVerlet`, :class:`Langevin`, :class:`NoseHooverNVT` and
-    :class:`MTKNPT` (chains and cell on the device) with `LennardJones` on its
+    :class:`VelocityVerlet`, :class:`Langevin`, :class:`NoseHooverNVT`,
+    :class:`MTKNPT` (chains and cell on the device) and :class:`FIRE` (its
+    adaptive state on the device) with `LennardJones` on its
     Warp path, in one process, under
     :class:`DomainParallel` on one rank (the whole batch), and on the halo path
     of several ranks (split below); and with `ReferenceMPNN` on its device

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from nvdd.core import (
     capturing,
     sum_by_system,
 )
-from nvdd.dynamics._base import KB_EV_PER_K, BaseDynamics
+from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._hooks import Hook
 from nvdd.dynamics._rng import atom_normal
 
@@ -159,6 +159,14 @@ class FIRE(BaseDynamics):
     Converged when the largest force component norm over all atoms is below
     ``fmax`` (eV/Angstrom). Global sums go through ``self.reducer``, so a
     decomposed run takes the same steps as the single-process one.
+
+    The adaptive state (time step, mixing ``alpha``, the count of steps with
+    positive power) lives on the atoms' device and is updated there, with the
+    velocities and positions in place: a step makes no host decision, so its
+    steady steps may be captured in a CUDA graph like an MD integrator's. The
+    one host read per step is the convergence test after it. ``dt_fs``,
+    ``alpha`` and ``n_positive`` read (and set) that state, so each read waits
+    for the device: read them between runs, not per step.
     """
 
     def __init__(
@@ -189,27 +197,102 @@ class FIRE(BaseDynamics):
         self.alpha = self.alpha_start
         self.n_positive = 0
 
+    # ------------------------------------------------ the state on the device
+    def _adaptive(self) -> torch.Tensor:
+        """float64 ``[dt_fs, alpha, n_positive]`` on the atoms' device (made at the
+        first use; moved, never rebound in place of a captured one, when the
+        atoms moved)."""
+        state: torch.Tensor | None = self.__dict__.get("_fire_state")
+        device = self.batch.device
+        if state is None:
+            state = torch.tensor([1.0, 0.1, 0.0], dtype=torch.float64, device=device)
+            self.__dict__["_fire_state"] = state
+        elif state.device != device:
+            state = state.to(device)
+            self.__dict__["_fire_state"] = state
+        return state
+
+    def _get(self, k: int) -> float:
+        return float(self._adaptive()[k])
+
+    def _set(self, k: int, value: float) -> None:
+        self._adaptive()[k] = float(value)
+
+    @property  # type: ignore[override]
+    def dt_fs(self) -> float:
+        """The current (adaptive) time step in fs (a host read)."""
+        return self._get(0)
+
+    @dt_fs.setter
+    def dt_fs(self, value: float) -> None:
+        self._set(0, value)
+
+    @property
+    def alpha(self) -> float:
+        """The current velocity-mixing coefficient (a host read)."""
+        return self._get(1)
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self._set(1, value)
+
+    @property
+    def n_positive(self) -> int:
+        """Steps in a row with positive power (a host read)."""
+        return round(self._get(2))
+
+    @n_positive.setter
+    def n_positive(self, value: int) -> None:
+        self._set(2, int(value))
+
+    def state_arrays(self) -> dict[str, Any]:
+        """``fire``: ``[dt_fs, alpha, n_positive]`` (what a restart restores)."""
+        return {"fire": self._adaptive().cpu().numpy()}
+
+    def load_state_arrays(self, arrays: Mapping[str, Any]) -> None:
+        rest = {k: v for k, v in arrays.items() if k != "fire"}
+        super().load_state_arrays(rest)
+        if "fire" in arrays:
+            values = torch.as_tensor(arrays["fire"], dtype=torch.float64).reshape(3)
+            self._adaptive().copy_(values)
+
+    def graph_key(self) -> Hashable | None:
+        """Its steps may be captured: the adaptive state is read and written on
+        the device (at a fixed address); the parameters are baked in."""
+        params = (self.dt_max_fs, self.n_min, self.f_inc, self.f_dec, self.alpha_start)
+        return ("fire", *params, self.f_alpha, self._adaptive().data_ptr())
+
+    # ------------------------------------------------------------ the step
     def pre_update(self) -> None:
         b = self.batch
         f, v = b.forces, b.velocities
+        state = self._adaptive()
         sums = self.reducer.sum(
             torch.stack([(f * v).sum(), (f * f).sum(), (v * v).sum()]).to(torch.float64)
         )
-        power, f2, v2 = (float(x) for x in sums)
-        if power > 0:
-            if f2 > 0:
-                v = (1.0 - self.alpha) * v + self.alpha * (v2**0.5) * f / (f2**0.5)
-            if self.n_positive > self.n_min:
-                self.dt_fs = min(self.dt_fs * self.f_inc, self.dt_max_fs)
-                self.alpha *= self.f_alpha
-            self.n_positive += 1
-        else:
-            v = torch.zeros_like(v)
-            self.dt_fs *= self.f_dec
-            self.alpha = self.alpha_start
-            self.n_positive = 0
-        v = v + self.dt * _accel(b)
-        self.batch = b.replace(velocities=v, positions=b.positions + self.dt * v)
+        power, f2, v2 = sums.unbind()
+        dt_fs, alpha, n_positive = state.unbind()
+        uphill = ~(power > 0)  # (NaN power stops too)
+        mixing = ~uphill & (f2 > 0)
+        # v <- (1 - a) v + a |v| F / |F| downhill, v unchanged without a force, 0 uphill
+        keep = torch.where(mixing, 1.0 - alpha, torch.where(uphill, 0.0, 1.0))
+        push = torch.where(mixing, alpha * v2.sqrt() / torch.where(mixing, f2, 1.0).sqrt(), 0.0)
+        v.mul_(keep.to(v.dtype)).add_(f * push.to(v.dtype))
+        grow = ~uphill & (n_positive > self.n_min)
+        new_dt = torch.where(grow, (dt_fs * self.f_inc).clamp(max=self.dt_max_fs), dt_fs)
+        new_alpha = torch.where(grow, alpha * self.f_alpha, alpha)
+        state.copy_(
+            torch.stack(
+                [
+                    torch.where(uphill, dt_fs * self.f_dec, new_dt),
+                    torch.where(uphill, self.alpha_start, new_alpha),
+                    torch.where(uphill, 0.0, n_positive + 1.0),
+                ]
+            )
+        )
+        dt = (state[0] * ASE_TIME_PER_FS).to(v.dtype)
+        v.add_(_accel(b) * dt)
+        b.positions.add_(v * dt)
 
     def post_update(self) -> None:
         pass
