@@ -61,6 +61,19 @@ ab_legs() {
     done
   done
 }
+# tree_legs TITLE SIZES LEG: for each size, LEG SIZE base|new with the packages of
+# AB_BASE (a source copy of the base commit, carried) and of this tree, alternated
+tree_legs() {
+  local base_path size leg
+  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
+  for size in $2; do
+    for leg in base new base new; do
+      step "$1, cells=$size: $leg"
+      if [ "$leg" = base ]; then PYTHONPATH="$base_path" "$3" "$size" "$leg"
+      else "$3" "$size" "$leg"; fi
+    done
+  done
+}
 case "$phase" in
 lj)
   step "device"
@@ -396,30 +409,23 @@ h1waitab)
 h1maceab)
   # MACE (random "medium", e3nn, fp32) with the halo forced on one GPU: the product
   # blocks on all rows (.ab_base) or on the owned rows only (this tree), alternated
-  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
-  for cells in 20 16; do
-    for leg in base new base new; do
-      step "MACE fp32 cells=$cells, halo forced on one GPU: $leg"
-      if [ "$leg" = base ]; then pp="$base_path"; else pp="$PYTHONPATH"; fi
-      PYTHONPATH="$pp" timeout 200 python3 benchmarks/bench_mace.py --device cuda --modes dd1halo \
-        --start-cells $cells --doublings 0 --steps 5 --warmup 2 --dtypes float32 2>&1 | quiet \
-        | grep -E "^dd1halo|^plain|Error"
-    done
-  done
+  mace_leg() {
+    timeout 200 python3 benchmarks/bench_mace.py --device cuda --modes dd1halo --start-cells "$1" \
+      --doublings 0 --steps 5 --warmup 2 --dtypes float32 2>&1 | quiet | grep -E "^dd1halo|^plain|Error"
+  }
+  tree_legs "MACE fp32, halo forced on one GPU" "20 16" mace_leg
   ;;
 h1fireab)
   # FIRE on one GPU: the host-deciding FIRE (.ab_base) against the device FIRE of
   # this tree, captured and eager, LJ argon fp64 (bench_ensembles timing), alternated
-  base_path="/tmp/site:$(ls -d "$PWD/${AB_BASE:-.ab_base}"/packages/*/src | tr '\n' ':')"
-  for cells in 32 63; do
-    for leg in base new base new; do
-      step "FIRE, LJ argon fp64 cells=$cells, one GPU: $leg"
-      if [ "$leg" = base ]; then pp="$base_path"; kinds="fire"; else pp="$PYTHONPATH"; kinds="fire fire-eager"; fi
-      # shellcheck disable=SC2086
-      PYTHONPATH="$pp" timeout 200 python3 benchmarks/bench_ensembles.py timing --device cuda \
-        --cells $cells --steps 200 --kinds $kinds 2>&1 | quiet | grep "ms/step"
-    done
-  done
+  fire_leg() {
+    local kinds="fire fire-eager"
+    [ "$2" = base ] && kinds="fire"
+    # shellcheck disable=SC2086
+    timeout 200 python3 benchmarks/bench_ensembles.py timing --device cuda --cells "$1" \
+      --steps 200 --kinds $kinds 2>&1 | quiet | grep "ms/step"
+  }
+  tree_legs "FIRE, LJ argon fp64, one GPU" "32 63" fire_leg
   ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"
