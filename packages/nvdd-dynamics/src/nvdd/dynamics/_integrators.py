@@ -218,7 +218,7 @@ class FIRE(BaseDynamics):
     def _set(self, k: int, value: float) -> None:
         self._adaptive()[k] = float(value)
 
-    @property  # type: ignore[override]
+    @property
     def dt_fs(self) -> float:
         """The current (adaptive) time step in fs (a host read)."""
         return self._get(0)
