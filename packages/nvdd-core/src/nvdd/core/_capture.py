@@ -195,11 +195,11 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
     """A ``torch.cuda.CUDAGraph`` of one step (captured on a side stream, into
     ``pool`` when given: :class:`GraphPool`).
 
-    ``host_seconds`` (class-wide, for benchmarks) accumulates the host time of
-    every capture in three parts: ``wait`` (the synchronisation before it:
-    the device finishing earlier work), ``body`` (the step's host code while the
-    stream records) and ``end`` (``capture_end``: the graph's instantiation);
-    ``first_replay`` is the host time of each graph's first launch (its upload).
+    ``host_seconds`` (class-wide, for benchmarks) accumulates host time in four
+    parts: per capture ``wait`` (the synchronisation before it: the device
+    finishing earlier work), ``body`` (the step's host code while the stream
+    records) and ``end`` (``capture_end``: the graph's instantiation); per graph
+    ``first_replay`` (its first launch, which uploads it).
     """
 
     executes_on_capture = False

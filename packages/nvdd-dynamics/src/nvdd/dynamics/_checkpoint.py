@@ -412,8 +412,8 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
 
     **Collective** over ``dp``'s mesh. The integrator must be of the class that
     was saved; its scalar state (step count, time step, seed ...) and state
-    arrays (chains, FIRE's adaptive state) are restored and the saved forces are used for the first half step (no force
-    computation at load). On the world size of the checkpoint, with the same
+    arrays (chains, FIRE's adaptive state) are restored, and the saved forces
+    are used for the first half step (no force computation at load). On the world size of the checkpoint, with the same
     ghost width, every rank reads its own shard and the saved boxes (an exact
     continuation); otherwise rank ``dp.src`` reads every shard and scatters.
 

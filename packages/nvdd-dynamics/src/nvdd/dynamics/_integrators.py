@@ -199,13 +199,13 @@ class FIRE(BaseDynamics):
 
     # ------------------------------------------------ the state on the device
     def _adaptive(self) -> torch.Tensor:
-        """float64 ``[dt_fs, alpha, n_positive]`` on the atoms' device (made at the
-        first use; moved, never rebound in place of a captured one, when the
-        atoms moved)."""
+        """float64 ``[dt_fs, alpha, n_positive]`` on the atoms' device (made, zero,
+        at the first use, which is the base class setting ``dt_fs``; moved when
+        the atoms moved, which changes :meth:`graph_key`)."""
         state: torch.Tensor | None = self.__dict__.get("_fire_state")
         device = self.batch.device
         if state is None:
-            state = torch.tensor([1.0, 0.1, 0.0], dtype=torch.float64, device=device)
+            state = torch.zeros(3, dtype=torch.float64, device=device)
             self.__dict__["_fire_state"] = state
         elif state.device != device:
             state = state.to(device)
