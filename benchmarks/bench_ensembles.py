@@ -4,8 +4,9 @@ Three modes (LJ argon, cutoff 6 A, the systems of integration_tests/it_ensembles
 
 ``drift``
     The extended-energy drift (least-squares slope) of a decomposed run on
-    ``--world`` CPU ranks against the 1-rank run of the same steps, for NVT-NH and
-    NPT (full cell), with the largest position and cell differences at the end::
+    ``--world`` CPU ranks against the 1-rank run of the same steps, for NVT-NH,
+    NPT (isotropic) and NPT (full cell), with the largest position and cell
+    differences at the end::
 
         python benchmarks/bench_ensembles.py drift --steps 2000 --world 4
 
@@ -40,6 +41,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration_tests"))
 
 
+#: The ensembles of ``drift`` (kinds of ``it_ensembles.integrator``).
+DRIFT_KINDS = ("nvt-nh", "npt-iso", "npt-full")
+
+
 def drift_mode(args: argparse.Namespace) -> dict[str, Any]:
     from it_ensembles import drift, run_dd, single
     from it_systems import wrapped_max_diff
@@ -47,7 +52,7 @@ def drift_mode(args: argparse.Namespace) -> dict[str, Any]:
     from nvdd.testing import run_ranks
 
     out: dict[str, Any] = {}
-    for kind in ("nvt-nh", "npt-full"):
+    for kind in DRIFT_KINDS:
         t0 = time.perf_counter()
         got = run_ranks(run_dd, args.world, "liquid", kind, args.steps, None, timeout_s=7200)[0]
         t1 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Rank bodies of the ensemble suite: Nose-Hoover NVT and MTK NPT under DD.
 
 Kept free of pytest: the gloo tests call these through ``run_ranks`` and the
-benchmark script (``benchmarks/ensembles_cpu.py``) calls them for longer runs.
+benchmark script (``benchmarks/bench_ensembles.py``) calls them for longer runs.
 """
 
 from __future__ import annotations

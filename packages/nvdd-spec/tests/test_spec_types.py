@@ -77,6 +77,18 @@ def test_presets_differ_where_the_pattern_differs() -> None:
     assert SPEC_MPNN_HALO.output("energy").effective_reduce() is Reduce.OWNED_ONLY
 
 
+def test_only_the_pair_preset_declares_per_atom_virials() -> None:
+    """LJ books half of each pair virial on its (owned) receiver: owned rows are
+    exact, nothing to fold. The autograd presets declare none (their models return
+    none; a wrong declaration would be silently wrong under DD)."""
+    spec = SPEC_LJ_HALO.output("atom_virials")
+    assert spec.kind is OutputKind.PER_NODE
+    assert spec.effective_reduce() is Reduce.OWNED_ONLY
+    assert spec == SPEC_LJ_HALO.output("atom_energies")
+    for other in (SPEC_MPNN_HALO, SPEC_UMA_HALO, SPEC_MPNN_GP, SPEC_EWALD_HALO, SPEC_DFTD3_HALO):
+        assert other.output("atom_virials").kind is OutputKind.UNKNOWN, other.name
+
+
 def test_output_defaults_and_unknown() -> None:
     assert OutputSpec(OutputKind.PER_NODE).effective_reduce() is Reduce.OWNED_ONLY
     assert OutputSpec(OutputKind.PER_GRAPH).effective_reduce() is Reduce.ALL_REDUCE

@@ -21,6 +21,9 @@ _ID_KEY = "atom_ids"
 #: Per-atom energies (``atom_extras``, kept by the integrators) become ASE's
 #: ``energies`` result (an extxyz column).
 _ENERGIES_KEY = "atom_energies"
+#: Per-atom virials (``atom_extras``, shape ``(n_atoms, 3, 3)``, summing to the
+#: system virial ``-dE/d strain``) become ASE's per-atom ``stresses`` result.
+_VIRIALS_KEY = "atom_virials"
 
 
 def _ase() -> Any:
@@ -88,7 +91,13 @@ def batch_from_ase(
 
 
 def batch_to_ase(batch: Batch) -> list[Atoms]:
-    """See :meth:`Batch.to_ase`."""
+    """See :meth:`Batch.to_ase`.
+
+    Per-atom outputs kept in ``atom_extras`` go into the single-point calculator
+    (extxyz columns when written): ``atom_energies`` as ``energies``, and
+    ``atom_virials`` as ``stresses`` (``(n_atoms, 6)``, see :func:`_atom_stresses`)
+    for a system of positive volume (a cell with a zero vector has no stress).
+    """
     ase = _ase()
     from ase.calculators.singlepoint import SinglePointCalculator
 
@@ -113,9 +122,32 @@ def batch_to_ase(batch: Batch) -> list[Atoms]:
         per_atom = cpu.atom_extras.get(_ENERGIES_KEY)
         if per_atom is not None and per_atom.shape == (cpu.n_atoms,):
             results["energies"] = per_atom[rows].double().numpy()
+        virials = cpu.atom_extras.get(_VIRIALS_KEY)
+        volume = abs(float(np.linalg.det(cpu.cell[s].double().numpy())))
+        if virials is not None and virials.shape == (cpu.n_atoms, 3, 3) and volume > 0:
+            results["stresses"] = _atom_stresses(virials[rows].double().numpy(), volume)
         a.calc = SinglePointCalculator(a, **results)  # type: ignore[no-untyped-call]
         out.append(a)
     return out
+
+
+def _atom_stresses(atom_virials: np.ndarray, volume: float) -> np.ndarray:
+    """ASE's per-atom ``stresses`` of per-atom virials: ``-W_i / V`` in Voigt form.
+
+    ASE's convention (``ase.calculators.lj.LennardJones``, ``Atoms.get_stresses``):
+    shape ``(n_atoms, 6)``, columns ``xx yy zz yz xz xy``, each atom's share of
+    ``dE/d strain`` divided by the volume ``V`` of the whole cell (not a per-atom
+    volume), so that the rows sum to the system ``stress``; no ideal-gas term.
+
+    Parameters
+    ----------
+    atom_virials:
+        Shape ``(n_atoms, 3, 3)``, ``W_i`` with ``sum_i W_i = -dE/d strain``.
+    volume:
+        ``|det cell|`` (> 0).
+    """
+    m = -0.5 * (atom_virials + atom_virials.transpose(0, 2, 1)) / volume
+    return np.stack([m[:, 0, 0], m[:, 1, 1], m[:, 2, 2], m[:, 1, 2], m[:, 0, 2], m[:, 0, 1]], 1)
 
 
 def _voigt_to_matrix(v: np.ndarray) -> np.ndarray:

@@ -24,6 +24,9 @@ class ModelOutputs(TypedDict, total=False):
         Per-system virial ``-dE/d(strain)``, shape ``(n_systems, 3, 3)``.
     atom_energies:
         Per-atom energy contributions, shape ``(n_atoms,)``.
+    atom_virials:
+        Per-atom virials, shape ``(n_atoms, 3, 3)``, summing to ``virial`` (only
+        models that say so return them, e.g. ``LJConfig(atom_virials=True)``).
     """
 
     energy: torch.Tensor
@@ -31,3 +34,4 @@ class ModelOutputs(TypedDict, total=False):
     stress: torch.Tensor
     virial: torch.Tensor
     atom_energies: torch.Tensor
+    atom_virials: torch.Tensor

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, get_rank
 from nvdd.dynamics._graph_step import StepGraphs
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 
@@ -34,9 +34,13 @@ ASE_TIME_PER_FS = 0.09822694788464063
 KB_EV_PER_K = 8.617333262e-5
 
 _ENERGY_KEYS = ("energy", "stress")
-#: Per-atom model outputs the integrator keeps in ``batch.atom_extras`` (they
-#: migrate with their atoms and reach hooks and trajectory writers).
-PER_ATOM_OUTPUTS = ("atom_energies",)
+#: Per-atom model outputs the integrator keeps in ``batch.atom_extras`` when the
+#: model returns them (they migrate with their atoms and reach hooks and
+#: trajectory writers): ``atom_energies`` ``(n_atoms,)`` and ``atom_virials``
+#: ``(n_atoms, 3, 3)`` (summing to the system virial, ``-dE/d strain``; only
+#: models that say so return them, e.g. ``LJConfig(atom_virials=True)``). A hook
+#: may name them in ``needs``: a model that does not return one is then an error.
+PER_ATOM_OUTPUTS = ("atom_energies", "atom_virials")
 
 
 class Reducer:
@@ -252,9 +256,27 @@ class BaseDynamics:
             beat(self.step_count, stage.value)
         due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
         if due:
+            self._check_per_atom_needs(stage, due)
             self.hook_runner(self, stage, due)
             if beat is not None:
                 beat(self.step_count, f"{stage.value} hooks done")
+
+    def _check_per_atom_needs(self, stage: HookStage, hooks: list[Hook]) -> None:
+        """Raise if a due hook needs a per-atom output the model did not return.
+
+        Local: every rank holds the same model, so every rank raises together.
+        """
+        kept = self.batch.atom_extras
+        for hook in hooks:
+            missing = sorted(n for n in hook.needs if n in PER_ATOM_OUTPUTS and n not in kept)
+            if missing:
+                name = getattr(hook.fn, "__name__", hook.fn)
+                raise ConfigurationError(
+                    f"rank {get_rank()}: a {stage.value} hook ({name!r}) "
+                    f"needs {missing}, which {type(self.model).__name__} does not return (its "
+                    f"outputs: {sorted(self.outputs)}); per-atom virials come from models that "
+                    "say so, e.g. LennardJones(LJConfig(..., atom_virials=True))"
+                )
 
     # ------------------------------------------------------------ the step
     @property
@@ -272,8 +294,9 @@ class BaseDynamics:
 
     def compute(self) -> None:
         """Run the model; store forces, energy and stress in the batch and the
-        per-atom outputs of :data:`PER_ATOM_OUTPUTS` (``atom_energies``) in
-        ``batch.atom_extras``; keep every whole output in :attr:`outputs`."""
+        per-atom outputs of :data:`PER_ATOM_OUTPUTS` it returns (``atom_energies``,
+        ``atom_virials``) in ``batch.atom_extras``; keep every whole output in
+        :attr:`outputs`."""
         batch, out = self.force_provider(self.batch)
         if "forces" not in out:
             raise ValidationError(

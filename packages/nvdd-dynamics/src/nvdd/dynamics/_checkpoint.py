@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from nvdd.core import (
     Batch,
     ConfigurationError,
     NvddError,
     ValidationError,
+    all_gather_object,
     atomic_write,
-    get_world_size,
+    broadcast_object,
     raise_if_any_rank,
 )
 from nvdd.partition import ShardedBatch, SpatialPartitioner
@@ -81,20 +81,19 @@ class CheckpointError(NvddError, OSError):
 
 # ----------------------------------------------------------------- helpers
 def _bcast(obj: Any, src: int, group: ProcessGroup | None) -> Any:
-    if get_world_size(group) == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, group=group, group_src=src)
-    return box[0]
+    """``obj`` of group rank ``src`` on every rank (``nvdd.core.broadcast_object``).
+
+    **Collective** over ``group``.
+    """
+    return broadcast_object(obj, src, group)
 
 
 def _all_gather(obj: Any, group: ProcessGroup | None) -> list[Any]:
-    world = get_world_size(group)
-    if world == 1:
-        return [obj]
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj, group=group)
-    return out
+    """Every rank's ``obj`` in rank order (``nvdd.core.all_gather_object``).
+
+    **Collective** over ``group``.
+    """
+    return all_gather_object(obj, group)
 
 
 def _to_numpy(name: str, t: torch.Tensor) -> np.ndarray:

@@ -87,9 +87,12 @@ class Hook:
         :class:`HookScope`.
     needs:
         Outputs the hook reads from the batch besides positions, velocities and
-        forces (``"energy"``, ``"stress"``). Under domain decomposition the
-        per-system totals are reduced across ranks only on steps where a due hook
-        (or the integrator) needs them. GLOBAL and RANK_ZERO hooks need both.
+        forces (``"energy"``, ``"stress"``, or a per-atom output of
+        ``PER_ATOM_OUTPUTS``: ``"atom_energies"``, ``"atom_virials"``). Under
+        domain decomposition the per-system totals are reduced across ranks only
+        on steps where a due hook (or the integrator) needs them. GLOBAL and
+        RANK_ZERO hooks need both totals. A per-atom need that the model does not
+        return is a ``ConfigurationError`` when the hook is due.
     """
 
     stage: HookStage
@@ -107,13 +110,16 @@ class Hook:
             raise ConfigurationError(f"Hook.every must be an integer >= 1, got {self.every!r}")
         if not callable(self.fn):
             raise ConfigurationError(f"Hook.fn must be callable, got {self.fn!r}")
-        bad = set(self.needs) - {"energy", "stress"}
+        from nvdd.dynamics._base import PER_ATOM_OUTPUTS  # (_base imports this module)
+
+        accepted = ("energy", "stress", *PER_ATOM_OUTPUTS)
+        bad = set(self.needs) - set(accepted)
         if bad:
-            raise ConfigurationError(f"Hook.needs accepts 'energy' and 'stress', got {sorted(bad)}")
+            raise ConfigurationError(f"Hook.needs accepts {list(accepted)}, got {sorted(bad)}")
+        needs = frozenset(self.needs)
         if self.scope is not HookScope.LOCAL:
-            object.__setattr__(self, "needs", frozenset({"energy", "stress"}))
-        else:
-            object.__setattr__(self, "needs", frozenset(self.needs))
+            needs |= {"energy", "stress"}
+        object.__setattr__(self, "needs", needs)
 
     def due(self, step: int) -> bool:
         """Whether the hook runs at ``step``."""

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nvdd.core import ConfigurationError, comm_device
+from nvdd.core import ConfigurationError, broadcast_object, comm_device
 
 __all__ = ["broadcast", "resolve_device", "unguarded_caller"]
 
@@ -109,7 +109,6 @@ def resolve_device(device: str | torch.device | None, collective: bool) -> torch
 
 
 def broadcast(value: Any, src: int = 0) -> Any:
-    """``value`` of rank ``src`` on every rank (**Collective** over the default group)."""
-    box = [value]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    """``value`` of rank ``src`` on every rank (**Collective** over the default group;
+    ``nvdd.core.broadcast_object``)."""
+    return broadcast_object(value, src)

@@ -22,7 +22,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nvdd.core import Batch, ConfigurationError, NvddError, RankFailedError, spawn_ranks
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    NvddError,
+    RankFailedError,
+    all_gather_object,
+    spawn_ranks,
+)
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._diagnose import Culprit, LayerDiagnostic, RankProbe, diagnose
 from nvdd.dynamics._distributed_model import DistributedModel
@@ -193,8 +200,7 @@ def _validate_rank(
         ids = local.atom_ids.cpu()
         padded_ids = torch.cat([ids, dm.plan.ghost_atom_ids.cpu()])
         mine = (ids, outputs.get("forces"), RankProbe(padded_ids, dm.plan.n_owned, probe.calls))
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, mine)
+        gathered: list[Any] = all_gather_object(mine)
         statuses = [replace(s) for s in dm.adapter_statuses]  # before detach resets them
     finally:
         dm.detach()

@@ -11,6 +11,15 @@ also when the edge list keeps only owned receivers (domain-decomposition seam
 onto BOTH its receiver and its sender. On a full list each pair appears twice
 and the halves add up to the usual pair force.
 
+Per-atom virials (``LJConfig.atom_virials``, off by default) follow the
+energies: each directed edge gives half its pair virial,
+``g r (x) r / 2`` with ``g = -phi'(r) / r``, to its receiver, so
+``atom_virials[i] = 1/2 sum_j g_ij r_ij (x) r_ij`` (the pair virial split half
+and half between its two atoms) and ``sum_i atom_virials[i] = virial`` (ASE's
+sign: ``virial = -dE/d strain``, ``stress = -virial / V``). With owned
+receivers only (seam (c)) they are exact on owned rows and zero on ghost rows,
+like ``atom_energies``: nothing to fold (``SPEC_LJ_HALO``: per node, owned only).
+
 Two implementations give the same numbers (``LJConfig.backend``): the torch
 reference (a vectorised pair loop over the vesin Verlet list, any device,
 tensor subclasses) and the Warp path (``_lj_fast``: the package's own LJ
@@ -36,7 +45,7 @@ from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, prepare_rows
 from nvdd.models._device_neighbors import DeviceVerletList
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig
-from nvdd.models._lj_fast import WarpLJ, virial_by_system
+from nvdd.models._lj_fast import WarpLJ, virial_by_system, voigt_to_matrices
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._reduce import system_energy, system_outer_sum
 from nvdd.models._species import check_species
@@ -80,7 +89,8 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     :meth:`distribution_spec` returns ``SPEC_LJ_HALO`` for ``StrategyKind.HALO``:
     direct forces on every padded row (folded into owners by the runtime);
     energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
-    atom energies exact on owned rows. Either force mode fits this spec: in
+    atom energies (and, with ``LJConfig.atom_virials``, atom virials) exact on
+    owned rows. Either force mode fits this spec: in
     ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
     positions and still returns ``forces``. ``StrategyKind.GRAPH_PARTITION``
     returns the same spec with index-block storage: rows are this rank's atoms
@@ -90,6 +100,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     --------
     >>> model = LennardJones(LJConfig(cutoff=8.5, species={18: (0.0104, 3.40)}))
     >>> out = model(batch)  # energy, forces, atom_energies, virial, stress
+    >>> argon = {18: (0.0104, 3.40)}
+    >>> per_atom = LennardJones(LJConfig(cutoff=8.5, species=argon, atom_virials=True))
+    >>> per_atom(batch)["atom_virials"].sum(0)  # == out["virial"][0] (one system)
     """
 
     _halo_preset = SPEC_LJ_HALO
@@ -162,7 +175,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             f"cutoff={c.cutoff}, species={dict(c.species)}, default="
             f"{(c.epsilon, c.sigma)}, mixing={c.mixing.value}, shift_energy={c.shift_energy}, "
             f"force_mode={c.force_mode.value}, skin={c.skin}, backend={c.backend.value}, "
-            f"half_list={c.half_list}"
+            f"half_list={c.half_list}, atom_virials={c.atom_virials}"
         )
 
     # ----------------------------------------------------------------- physics
@@ -256,12 +269,15 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             ``energy`` ``(n_systems,)``, ``forces`` ``(n_atoms, 3)``,
             ``atom_energies`` ``(n_atoms,)``, and ``virial`` and ``stress``
             ``(n_systems, 3, 3)`` (ASE sign: ``stress = (1/V) dE/d strain``).
+            With ``LJConfig.atom_virials``: also ``atom_virials``
+            ``(n_atoms, 3, 3)`` (whatever ``compute_stress`` says), summing to
+            ``virial`` (see the module notes); absent otherwise.
             Under a live DD context (``nvdd.shardtensor.current_dd_context()``
             with a layout): rows are the layout's ``[owned | ghost]`` rows,
             ``forces`` are ``-dE_local/dx`` on every row (fold ghost rows into
             their owners), ``energy``, ``virial`` and ``stress`` are this rank's
-            partials (sum them over ranks), ``atom_energies`` are exact on owned
-            rows and zero on ghost rows.
+            partials (sum them over ranks), ``atom_energies`` (and
+            ``atom_virials``) are exact on owned rows and zero on ghost rows.
 
         Raises
         ------
@@ -284,7 +300,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             return self._forward_warp(batch, n_receivers, compute_stress, ghost_forces)
         n_receivers, rows, edges = self._edges(batch, n_receivers, lambda: None)
         if self._config.force_mode is ForceMode.AUTOGRAD:
-            return self._outputs_by_autograd(
+            out = self._outputs_by_autograd(
                 batch,
                 rows,
                 edges,
@@ -292,6 +308,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
                 compute_stress=compute_stress,
                 energy_scope=_ENERGY_SCOPE,
             )
+            if self._config.atom_virials:
+                out["atom_virials"] = self._atom_virials(batch, rows, edges)
+            return out
         with torch.no_grad():
             return self._direct(batch, rows, edges, n_receivers, compute_stress, ghost_forces)
 
@@ -346,7 +365,20 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             virial = system_outer_sum(half, r_vec, si.index_select(0, i), batch.n_systems)
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, cell)
+        if self._config.atom_virials:
+            out["atom_virials"] = _receiver_outer_sum(half, r_vec, i, pos.shape[0])
         return out
+
+    def _atom_virials(self, batch: Batch, rows: torch.Tensor, edges: EdgeList) -> torch.Tensor:
+        """``atom_virials`` ``(n_atoms, 3, 3)`` by a pair pass of their own (the
+        autograd and compiled paths, whose outputs do not expose the pair terms)."""
+        with torch.no_grad():
+            pos, cell = batch.positions.detach(), batch.cell.detach()
+            r_vec = edges.vectors(pos, cell, batch.system_index)
+            i, j = edges.receivers, edges.senders
+            _, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
+            half = (0.5 * g).unsqueeze(1) * r_vec
+            return _receiver_outer_sum(half, r_vec, i, pos.shape[0])
 
     # ------------------------------------------------------------ Warp path
     def graph_key(self, batch: Batch) -> Hashable | None:
@@ -425,9 +457,10 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             self.epsilon_table, self.sigma_table, self.shift_table, pos.dtype, pos.device
         )
         n_types = int(self.epsilon_table.shape[0])
+        per_atom = self._config.atom_virials
         forces, atom_energies, rows = warp(
             pos, batch.cell, batch.system_index, types, n_types, tables, matrix,
-            compute_virial=compute_stress, ghost_forces=ghost_forces,
+            compute_virial=compute_stress, ghost_forces=ghost_forces, atom_virials=per_atom,
         )  # fmt: skip
         si, n_sys = batch.system_index, batch.n_systems
         out: ModelOutputs = {
@@ -435,10 +468,12 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             "forces": forces,
             "atom_energies": atom_energies,
         }
-        if rows is not None:
-            virial = virial_by_system(rows, si, n_sys)
+        if rows is not None and compute_stress:
+            virial = virial_by_system(rows, si, n_sys)  # (per-atom rows sum the same)
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, batch.cell.detach())
+        if rows is not None and per_atom:
+            out["atom_virials"] = voigt_to_matrices(rows)
         return out
 
     def _compiled_direct(
@@ -466,4 +501,14 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         if compute_stress:
             out["virial"] = virial
             out["stress"] = stress_from_virial(virial, cell)
+        if self._config.atom_virials:
+            out["atom_virials"] = self._atom_virials(batch, rows, edges)
         return out
+
+
+def _receiver_outer_sum(
+    a: torch.Tensor, b: torch.Tensor, receivers: torch.Tensor, n_atoms: int
+) -> torch.Tensor:
+    """``sum_e a_e (x) b_e`` per receiver: ``(n_atoms, 3, 3)`` from ``(n_edges, 3)``."""
+    outer = (a.unsqueeze(2) * b.unsqueeze(1)).reshape(-1, 9)
+    return a.new_zeros(n_atoms, 9).index_add(0, receivers, outer).reshape(n_atoms, 3, 3)

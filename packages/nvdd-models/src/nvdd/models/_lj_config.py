@@ -90,6 +90,13 @@ class LJConfig:
         Warp backend: store each pair once (forces on the second atom by
         atomics) or twice (each row gathers its own; no atomics, twice the
         pair terms). Same results; which is faster depends on the GPU.
+    atom_virials:
+        Also return ``atom_virials``, shape ``(n_atoms, 3, 3)``: each pair's
+        virial ``-phi'(r) r (x) r / r`` split half and half between its two
+        atoms, so that they sum to ``virial`` (``-dE/d strain``, so
+        ``stress = -sum(atom_virials) / V``). Off by default: the Warp backend
+        then runs its per-atom kernel variant (six more atomics per pair in a
+        half list), the torch backend one more scatter.
     """
 
     cutoff: float
@@ -103,6 +110,7 @@ class LJConfig:
     skin: float = 0.0
     backend: LJBackend = LJBackend.AUTO
     half_list: bool = True
+    atom_virials: bool = False
 
     def __post_init__(self) -> None:
         check_positive("cutoff", self.cutoff)
@@ -140,6 +148,8 @@ class LJConfig:
             )
         if not isinstance(self.half_list, bool):
             raise config_error(f"half_list must be a bool, got {self.half_list!r}")
+        if not isinstance(self.atom_virials, bool):
+            raise config_error(f"atom_virials must be a bool, got {self.atom_virials!r}")
         object.__setattr__(self, "species", _frozen(self.species))
         object.__setattr__(self, "pairs", _frozen(self.pairs))
 
@@ -157,6 +167,7 @@ class LJConfig:
                 self.skin,
                 self.backend,
                 self.half_list,
+                self.atom_virials,
             )
         )
 
@@ -176,6 +187,7 @@ class LJConfig:
                 self.skin,
                 self.backend,
                 self.half_list,
+                self.atom_virials,
             ),
         )
 

@@ -13,10 +13,10 @@ import torch
 from nvdd.core import sum_by_system
 from nvdd.models._device_buffers import NeighborMatrix, TensorMemo
 from nvdd.models._device_neighbors import DeviceVerletList
-from nvdd.models._lj_kernels import lj_kernel
+from nvdd.models._lj_kernels import lj_atom_virial_kernel, lj_kernel
 from nvdd.models._warp import Kernel, declare_overloads
 
-__all__ = ["LJKernelOutputs", "WarpLJ", "virial_by_system"]
+__all__ = ["LJKernelOutputs", "WarpLJ", "virial_by_system", "voigt_to_matrices"]
 
 
 #: Voigt column of each entry of the row-major 3x3 virial (columns xx yy zz yz xz xy).
@@ -43,6 +43,7 @@ class WarpLJ:
         self.cutoff = float(cutoff)
         self.neighbors = DeviceVerletList(cutoff, skin, half=half)
         self._kernel = Kernel(lj_kernel, floats=(8,))
+        self._atom_kernel = Kernel(lj_atom_virial_kernel, floats=(8,))
         self._tables: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
         self._seen_numbers = TensorMemo()
         self._types: torch.Tensor | None = None
@@ -54,6 +55,7 @@ class WarpLJ:
         self.cutoff = float(state["cutoff"])  # type: ignore[arg-type]
         self.neighbors = state["neighbors"]  # type: ignore[assignment]
         self._kernel = Kernel(lj_kernel, floats=(8,))
+        self._atom_kernel = Kernel(lj_atom_virial_kernel, floats=(8,))
         self._tables = {}
         self._seen_numbers = TensorMemo()
         self._types = None
@@ -118,13 +120,18 @@ class WarpLJ:
         *,
         compute_virial: bool,
         ghost_forces: bool = True,
+        atom_virials: bool = False,
     ) -> LJKernelOutputs:
         """Forces ``(n_atoms, 3)``, atom energies ``(n_atoms,)`` and the per-row
         virial ``(n_rows, 6)`` (Voigt ``xx yy zz yz xz xy``; None unless asked).
 
         ``ghost_forces=False``: complete forces on owned rows, zero on the others
-        (see ``_lj_kernels``)."""
-        declare_overloads(self._kernel)
+        (see ``_lj_kernels``). ``atom_virials``: the virial is per atom instead,
+        ``(n_atoms, 6)``, exact on owned rows and zero on the others (the
+        variant kernel; ``compute_virial`` is implied)."""
+        kernel = self._atom_kernel if atom_virials else self._kernel
+        compute_virial = compute_virial or atom_virials
+        declare_overloads(kernel)
         pos = positions.detach()
         dev, dtype = pos.device, pos.dtype
         n = int(pos.shape[0])
@@ -136,9 +143,12 @@ class WarpLJ:
         else:
             forces = torch.empty_like(pos)
             energies = pos.new_empty(n)
-        virial = pos.new_empty(rows if compute_virial else 1, 6)
+        if atom_virials:  # every atom's row, added to (half list) or zero on unlisted rows
+            virial = pos.new_zeros(n, 6)
+        else:
+            virial = pos.new_empty(rows if compute_virial else 1, 6)
         eps, sig2, shift = tables
-        self._kernel(
+        kernel(
             rows,
             [pos, system_index, cell.detach(), types, n_types, eps, sig2, shift,
              self.cutoff * self.cutoff, matrix.neighbors, matrix.codes, matrix.counts,
@@ -159,8 +169,13 @@ def virial_by_system(
     ``system_index`` covers at least the ``n_rows`` first rows.
     """
     voigt = sum_by_system(rows, system_index[: rows.shape[0]], n_systems)
+    return voigt_to_matrices(voigt)
+
+
+def voigt_to_matrices(voigt: torch.Tensor) -> torch.Tensor:
+    """Symmetric matrices ``(n, 3, 3)`` of Voigt rows ``(n, 6)`` (``xx yy zz yz xz xy``)."""
     index = _VOIGT_INDEX.get(voigt.device)
     if index is None:  # built once per device: a host-to-device copy can stall the host
         index = torch.tensor(_VOIGT_TO_FULL, device=voigt.device)
         _VOIGT_INDEX[voigt.device] = index
-    return voigt.index_select(1, index).reshape(n_systems, 3, 3)
+    return voigt.index_select(1, index).reshape(-1, 3, 3)

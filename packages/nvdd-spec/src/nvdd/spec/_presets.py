@@ -85,13 +85,21 @@ SPEC_LJ_HALO = MLIPSpec(
     name="SPEC_LJ_HALO",
     # The pair kernel sums owned atom energies locally (Scope.LOCAL): consolidation
     # all-reduces the energy only on steps that ask for it, so a step that needs
-    # only forces costs two all_to_all and one small all-reduce.
-    outputs={**_SHORT_RANGE_OUTPUTS, "energy": _PER_GRAPH_PARTIAL},
+    # only forces costs two all_to_all and one small all-reduce. Per-atom virials
+    # (opt-in, LJConfig.atom_virials) are booked like the atom energies: each edge
+    # gives half its pair virial to its receiver, an owned row, so they are exact on
+    # owned rows and nothing is folded.
+    outputs={
+        **_SHORT_RANGE_OUTPUTS,
+        "energy": _PER_GRAPH_PARTIAL,
+        "atom_virials": _PER_NODE_OWNED,
+    },
     force_strategy=ForceStrategy.DIRECT,
     options=StrategyOptions(scatter=ScatterMode.NONE),
 )
 """Pair potential with direct forces: ghost forces are folded into their owners;
-per-system energy and virial are local partials, all-reduced on demand."""
+per-system energy and virial are local partials, all-reduced on demand; atom
+energies and (when the model returns them) atom virials are exact on owned rows."""
 
 SPEC_MPNN_HALO = MLIPSpec(
     name="SPEC_MPNN_HALO",

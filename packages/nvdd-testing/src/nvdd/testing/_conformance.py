@@ -24,9 +24,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, RankFailedError
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    OptionalDependencyError,
+    RankFailedError,
+    all_gather_object,
+)
 from nvdd.testing._ranks import run_ranks
 from nvdd.testing._systems import SYSTEMS, variants
 
@@ -169,8 +174,7 @@ def _dd_rank(
             with dyn_mod.DomainParallel(dyn, config, spec=spec) as dp:
                 dp.partition()
                 dyn.ensure_forces()
-                ghosts: list[Any] = [None] * dist.get_world_size()
-                dist.all_gather_object(ghosts, _halo_pairs(dp, float(model.cutoff)))
+                ghosts = all_gather_object(_halo_pairs(dp, float(model.cutoff)))
                 first = dp.gather(0)
                 dp.run(steps)
                 last = dp.gather(0)
