@@ -7,11 +7,15 @@ backward, without code generation: cheap on 2 CPU cores).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from models_ddcases import global_batch, make_model
 
 from nvdd.core import Batch
+from nvdd.models import EdgeList
+from nvdd.models._compiled import MAX_GROWTH, CompiledCore
 from nvdd.spec import CompilePolicy
 
 EAGER_ATOL = 1e-10
@@ -90,8 +94,6 @@ def test_a_drifting_edge_count_compiles_once_per_capacity() -> None:
 def test_each_regrow_doubles_the_headroom() -> None:
     """A count that keeps drifting up: 25 % -> 40 % (at most) of headroom after a
     regrow, so the capacities settle after a few recompiles."""
-    from nvdd.models._compiled import MAX_GROWTH
-
     torch._dynamo.reset()
     model = make_model("lj", backend="torch")
     model.compile_forward(_policy())
@@ -124,3 +126,38 @@ def test_lj_on_its_warp_backend_compiles_nothing() -> None:
     assert model.compile_forward(_policy()) is True
     assert model._core is None
     assert model.compile_forward(None) is False
+
+
+def _core_inputs(core: Any, n_owned: int) -> None:
+    """One padded call of ``core`` on 200 atoms and 10 fixed edges, ``n_owned`` of
+    the rows receiving (only the owned-row capacity can regrow)."""
+    n = 200
+    ring = torch.arange(10)
+    edges = EdgeList(ring, (ring + 1) % 10, torch.zeros(10, 3, dtype=torch.int64))
+    positions = torch.arange(3 * n, dtype=torch.float64).reshape(n, 3)
+    zeros = torch.zeros(n, dtype=torch.int64)
+    core.inputs(positions, zeros, zeros, edges, generation=0, n_owned=n_owned)
+
+
+def test_owned_row_regrows_are_counted_and_escalated_like_the_others() -> None:
+    """The owned-row capacity (``mpnn.owned``) grows with the padder's headroom,
+    its regrows count in ``regrows`` (each is a recompile) and double the
+    headroom, as an atom or edge regrow does: 40 -> 56 (25 %, rounded to 8),
+    57 outgrows it -> 72 and the headroom becomes 40 %, 73 -> ceil(1.4 * 73) -> 104."""
+    core = CompiledCore(_policy(), "mpnn", make_model("mpnn"))
+    caps = []
+    for n_owned in (40, 57, 73):
+        _core_inputs(core, n_owned)
+        caps.append(core.capacities["mpnn.owned"])
+    assert core.padder is not None
+    assert caps == [56, 72, 104]
+    assert core.regrows == 2 and core.padder.growth == pytest.approx(MAX_GROWTH)
+    assert core.capacities["mpnn.atoms"] >= 200  # (fixed: the atoms did not regrow)
+
+
+def test_row_caps_regrows_are_escalated_too() -> None:
+    """The capacities of a caller with its own edges (:meth:`CompiledCore.row_caps`,
+    the MPNN's device edges under DD) escalate their headroom the same way."""
+    core = CompiledCore(_policy(), "mpnn", make_model("mpnn"))
+    owned = [core.row_caps(400, n, generation=0)[1] for n in (40, 57, 73)]
+    assert owned == [56, 72, 104] and core.regrows == 2

@@ -171,8 +171,13 @@ def test_bad_inputs_are_named() -> None:
         MACEModel(_mace(), head="pbe")
     with pytest.raises(ConfigurationError, match="dtype must be"):
         MACEModel(_mace(), dtype=torch.float16)
-    with pytest.raises(ConfigurationError, match="HALO only"):
-        model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    # graph partition is supported (test_models_mace_gp.py); not a strategy is not
+    assert (
+        model.distribution_spec(StrategyKind.GRAPH_PARTITION).strategy
+        is StrategyKind.GRAPH_PARTITION
+    )
+    with pytest.raises(ConfigurationError, match="strategy must be a StrategyKind, got 'spatial'"):
+        model.distribution_spec("spatial")
 
 
 def test_spec_refreshes_before_every_interaction_after_the_first() -> None:
@@ -199,8 +204,9 @@ def test_scripted_mace_runs_on_one_process_but_refuses_dd() -> None:
     model = MACEModel(scripted)
     out = model(batch)
     torch.testing.assert_close(out["forces"], ref["forces"], rtol=0, atol=ATOL)
-    with pytest.raises(ConfigurationError, match="TorchScript-compiled MACE cannot run under"):
-        model.distribution_spec()
+    for strategy in StrategyKind:
+        with pytest.raises(ConfigurationError, match="TorchScript-compiled MACE cannot run under"):
+            model.distribution_spec(strategy)
 
 
 @pytest.mark.gpu

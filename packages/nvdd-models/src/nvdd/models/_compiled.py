@@ -129,6 +129,16 @@ def growth_for(n_rows: int) -> float:
     return min(1.25, max(1.05, 1.0 + 4.0 / math.sqrt(max(n_rows, 1))))
 
 
+def _regrew(before: dict[str, int], after: dict[str, int]) -> bool:
+    """Whether a capacity that existed ``before`` is larger ``after`` (a recompile)."""
+    return any(key in before and after[key] > before[key] for key in after)
+
+
+def _escalated(growth: float) -> float:
+    """The headroom after a regrow: doubled, at most :data:`MAX_GROWTH`."""
+    return max(growth, min(MAX_GROWTH, 1.0 + 2.0 * (growth - 1.0)))
+
+
 def _quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` without the warning Dynamo raises while it wraps a non-leaf input
     (it reads ``.grad`` of the strained positions when it compiles)."""
@@ -173,6 +183,7 @@ class CompiledCore:
         #: Capacities that outgrew their headroom after the first call (each a recompile).
         self.regrows = 0
         self._row_caps = CapacityRegistry()  # rows of callers with their own edges
+        self._row_growth: float | None = None  # their headroom (escalated as the padder's)
 
     def release(self) -> None:
         """Give the parameters their ``requires_grad`` back."""
@@ -242,12 +253,18 @@ class CompiledCore:
             self.padder = COOPadder(name=self.name, growth=growth, check_indices=False)
         before = self.padder.registry.snapshot()
         p = self.padder.pad(graph, group=group)
+        owned_cap = p.atom_cap
+        if n_owned is not None:  # (before the escalation check: its regrows count too)
+            owned_cap = resolve_cap(
+                f"{self.padder.name}.owned",
+                n_owned,
+                growth=self.padder.growth,
+                multiple=self.padder.atom_multiple,
+                group=group,
+                registry=self.padder.registry,
+            )
         self._escalate(before)
         padded_rows = p.atom_fields["rows"]
-        owned_cap = p.atom_cap
-        if n_owned is not None:
-            key = f"{self.padder.name}.owned"
-            owned_cap = resolve_cap(key, n_owned, group=group, registry=self.padder.registry)
         return CoreInputs(
             p.atom_fields["positions"],
             padded_rows,
@@ -276,16 +293,18 @@ class CompiledCore:
         if ctx.is_distributed and generation != self._agreed_generation:
             group = ctx.group if ctx.group is not None else dist.group.WORLD
             self._agreed_generation = generation
-        growth = growth_for(n_owned)
+        if self._row_growth is None:
+            self._row_growth = growth_for(n_owned)
+        growth = self._row_growth
         caps = self._row_caps
         before = caps.snapshot()
         rows = resolve_cap(f"{self.name}.rows", n_atoms, growth=growth, group=group, registry=caps)
         owned = resolve_cap(
             f"{self.name}.owned", n_owned, growth=growth, group=group, registry=caps
         )
-        after = caps.snapshot()
-        if any(key in before and after[key] > before[key] for key in after):
+        if _regrew(before, caps.snapshot()):
             self.regrows += 1
+            self._row_growth = _escalated(growth)
         return rows, min(owned, rows)
 
     def _escalate(self, before: dict[str, int]) -> None:
@@ -298,10 +317,9 @@ class CompiledCore:
         (at most :data:`MAX_GROWTH`) bounds those to a few.
         """
         assert self.padder is not None
-        after = self.padder.registry.snapshot()
-        if any(key in before and after[key] > before[key] for key in after):
+        if _regrew(before, self.padder.registry.snapshot()):
             self.regrows += 1
-            headroom = min(MAX_GROWTH, 1.0 + 2.0 * (self.padder.growth - 1.0))
+            headroom = _escalated(self.padder.growth)
             if headroom > self.padder.growth:
                 self.padder = dataclasses.replace(self.padder, growth=headroom)
 

@@ -29,7 +29,7 @@ from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, halo_spec
 from nvdd.models._mace_build import load_mace
 from nvdd.models._mace_deps import cueq_available, mace_module
-from nvdd.models._mace_spec import mace_halo_spec
+from nvdd.models._mace_spec import mace_graph_spec, mace_halo_spec
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._species import species_table
 from nvdd.models._verlet import VerletList
@@ -116,8 +116,10 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
 
     Energy, forces, per-atom energies, virial and stress on one process and
     inside a live DD context (``[owned | ghost]`` rows, owned receivers, one
-    ghost refresh before every interaction that reads neighbours: see
-    :meth:`distribution_spec`).
+    ghost refresh before every interaction that reads neighbours), under
+    ``StrategyKind.HALO`` (ghosts are explicit periodic images, open
+    boundaries) and ``StrategyKind.GRAPH_PARTITION`` (ghosts are the atoms
+    themselves, the real cell and pbc): see :meth:`distribution_spec`.
 
     Parameters
     ----------
@@ -185,7 +187,7 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         self._cutoff = r_max
         self.neighbors = VerletList(self._cutoff, skin)
         self._dd_gate = InputGate()
-        self._spec: MLIPSpec | None = None
+        self._specs: tuple[MLIPSpec, MLIPSpec] | None = None  # (halo, graph partition)
 
     @classmethod
     def from_file(
@@ -225,17 +227,26 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
 
     # ---------------------------------------------------------------- spec
     def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``SPEC_MACE_HALO`` for ``StrategyKind.HALO``: the outputs and autograd forces
-        of ``SPEC_MPNN_HALO``, owned receivers, and a ghost refresh of ``node_feats``
-        before every interaction after the first (:mod:`nvdd.models._mace_spec`).
+        """The model's spec for ``strategy`` (a :class:`StrategyKind` or its value).
+
+        ``StrategyKind.HALO``: ``SPEC_MACE_HALO``, the outputs and autograd forces
+        of ``SPEC_MPNN_HALO``, owned receivers, a ghost refresh of ``node_feats``
+        before every interaction after the first and product blocks on the
+        owned rows only (:mod:`nvdd.models._mace_spec`).
+        ``StrategyKind.GRAPH_PARTITION``: ``SPEC_MACE_GP``, the same adapters
+        and outputs with ``distribution.storage = GRAPH_PARTITION`` (the ghost
+        rows are the atoms the owned rows' edges read, at their own positions,
+        with the real cell and pbc, and the wrapper's periodic neighbour list
+        applies the images). Both are built once per model, from the classes of
+        its blocks.
 
         Raises
         ------
         ConfigurationError
-            For another strategy, or a TorchScript MACE (its interactions cannot
-            be intercepted).
+            For a value that is not a strategy, or a TorchScript MACE (its
+            interactions cannot be intercepted).
         """
-        if self._spec is None:
+        if self._specs is None:
             if self.scripted:
                 raise config_error(
                     "a TorchScript-compiled MACE cannot run under domain decomposition: the "
@@ -243,10 +254,13 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
                     "compiled code; load the (non-compiled) .model file instead"
                 )
             inner: Any = self.mace
-            self._spec = mace_halo_spec(
-                (type(m) for m in list(inner.interactions)[1:]), (type(m) for m in inner.products)
+            interactions = [type(m) for m in list(inner.interactions)[1:]]
+            products = [type(m) for m in inner.products]
+            self._specs = (
+                mace_halo_spec(interactions, products),
+                mace_graph_spec(interactions, products),
             )
-        return halo_spec(self, strategy, self._spec)
+        return halo_spec(self, strategy, *self._specs)
 
     # ------------------------------------------------------------- physics
     def graph(

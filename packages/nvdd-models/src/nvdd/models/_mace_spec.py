@@ -1,5 +1,6 @@
-"""The distribution spec of a MACE model: owned receivers plus one ghost refresh
-before every interaction that reads neighbour features.
+"""The distribution specs of a MACE model: owned receivers plus one ghost refresh
+before every interaction that reads neighbour features, for the halo
+(``SPEC_MACE_HALO``) and the graph partition (``SPEC_MACE_GP``).
 
 Why this is exact (the argument the tests check numerically):
 
@@ -31,6 +32,16 @@ adjoint of the refresh folds ghost gradients into their owners): two exchanges
 per interaction at most, and none for the first. Refreshing the output of
 every ``EquivariantProductBasisBlock`` instead (the generic
 ``neighbor_refresh_adapters`` fix) is also exact but pays for the last block too.
+
+The graph partition (``StrategyKind.GRAPH_PARTITION``) needs nothing else. Its
+ghost rows are the atoms within ``cutoff + skin`` of an owned atom in any
+periodic image, at their own positions, with the real cell and pbc: MACE's
+graph (the wrapper's periodic Verlet list, edges into owned rows only) reads
+each neighbour through its image shift, and a node feature is the same for
+every image of an atom. Points 1 to 5 hold as written, with "the halo holds
+every atom" read as "the ghost set holds every atom within reach of an owned
+one", so ``SPEC_MACE_GP`` is ``SPEC_MACE_HALO`` with ``storage =
+GRAPH_PARTITION``: the same adapters and the same ``L - 1`` refreshes.
 """
 
 from __future__ import annotations
@@ -48,14 +59,24 @@ from nvdd.spec import (
     MethodAdapter,
     MLIPSpec,
     ScatterMode,
+    StrategyKind,
     StrategyOptions,
     distributed_method,
 )
 
-__all__ = ["SPEC_MACE_NAME", "mace_halo_spec", "owned_rows_product", "refresh_interaction_input"]
+__all__ = [
+    "SPEC_MACE_GP_NAME",
+    "SPEC_MACE_NAME",
+    "mace_graph_spec",
+    "mace_halo_spec",
+    "owned_rows_product",
+    "refresh_interaction_input",
+]
 
-#: Name of the spec a :class:`~nvdd.models.MACEModel` declares.
+#: Name of the halo spec a :class:`~nvdd.models.MACEModel` declares.
 SPEC_MACE_NAME = "SPEC_MACE_HALO"
+#: Name of its graph-partition spec.
+SPEC_MACE_GP_NAME = "SPEC_MACE_GP"
 
 
 @distributed_method
@@ -126,6 +147,27 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def _mace_spec(
+    name: str,
+    storage: StrategyKind,
+    interaction_classes: Iterable[type],
+    product_classes: Iterable[type],
+) -> MLIPSpec:
+    adapters = tuple(
+        MethodAdapter(f"{_class_name(cls)}.forward", body, declared_in=name)
+        for classes, body in (
+            (interaction_classes, refresh_interaction_input),
+            (product_classes, owned_rows_product),
+        )
+        for cls in dict.fromkeys(classes)
+    )
+    return SPEC_MPNN_HALO | MLIPSpec(
+        name=name,
+        distribution=DistributionSpec(storage=storage, helpers=adapters),
+        options=StrategyOptions(scatter=ScatterMode.LOCAL),
+    )
+
+
 def mace_halo_spec(
     interaction_classes: Iterable[type], product_classes: Iterable[type] = ()
 ) -> MLIPSpec:
@@ -138,16 +180,16 @@ def mace_halo_spec(
     interaction class running :func:`refresh_interaction_input` and one per
     product class running :func:`owned_rows_product`.
     """
-    adapters = tuple(
-        MethodAdapter(f"{_class_name(cls)}.forward", body, declared_in=SPEC_MACE_NAME)
-        for classes, body in (
-            (interaction_classes, refresh_interaction_input),
-            (product_classes, owned_rows_product),
-        )
-        for cls in dict.fromkeys(classes)
-    )
-    return SPEC_MPNN_HALO | MLIPSpec(
-        name=SPEC_MACE_NAME,
-        distribution=DistributionSpec(helpers=adapters),
-        options=StrategyOptions(scatter=ScatterMode.LOCAL),
+    return _mace_spec(SPEC_MACE_NAME, StrategyKind.HALO, interaction_classes, product_classes)
+
+
+def mace_graph_spec(
+    interaction_classes: Iterable[type], product_classes: Iterable[type] = ()
+) -> MLIPSpec:
+    """The graph-partition spec of the same MACE (``SPEC_MACE_GP``): what
+    :func:`mace_halo_spec` returns, with ``distribution.storage =
+    StrategyKind.GRAPH_PARTITION`` (the same adapters, outputs and force
+    strategy; module notes, last paragraph)."""
+    return _mace_spec(
+        SPEC_MACE_GP_NAME, StrategyKind.GRAPH_PARTITION, interaction_classes, product_classes
     )
