@@ -30,6 +30,7 @@
 #        h1maceab (MACE with the halo forced, product blocks on all rows or owned
 #        rows only, legs alternated),
 #        h1fireab (FIRE on the host against FIRE on the device, captured and eager),
+#        h1ljab (the LJ step of .ab_base against this tree, alternated),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -426,6 +427,15 @@ h1fireab)
       --steps 200 --kinds $kinds 2>&1 | quiet | grep "ms/step"
   }
   tree_legs "FIRE, LJ argon fp64, one GPU" "32 63" fire_leg
+  ;;
+h1ljab)
+  # the LJ step (peer, raw, DomainParallel on one GPU) of .ab_base against this tree,
+  # legs alternated (the per-atom virial change made the Warp kernel a generated variant)
+  lj_leg() {
+    timeout 200 python3 benchmarks/bench_dp.py --device cuda --cells "$1" --dtype float32 float64 \
+      --steps 100 --warmup 20 --worlds 1 2>&1 | quiet | grep -E "^(raw|DomainParallel|peer|LJ argon|neighbour)"
+  }
+  tree_legs "LJ argon, peer / raw / DomainParallel on one GPU" "32 63" lj_leg
   ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"
