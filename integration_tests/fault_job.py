@@ -1,9 +1,11 @@
 """A small DomainParallel job with one injected fault (run under torchrun).
 
 Usage: ``torchrun --nproc-per-node 2 fault_job.py FAULT [cuda]`` with FAULT one of
-``kill`` (rank 1 SIGKILLs itself mid-step), ``hang`` (rank 1 sleeps in a hook),
-``raise`` (the model's forward raises on rank 1), ``none``; ``cuda`` runs one
-rank per GPU over NCCL (the same checks on a GPU host).
+``kill`` (rank 1 SIGKILLs itself mid-step), ``kill-busy`` (the same while rank 0
+is busy in Python, outside any collective, so the launcher's SIGTERM reaches it
+before a collective could fail), ``hang`` (rank 1 sleeps in a hook), ``raise``
+(the model's forward raises on rank 1), ``none``; ``cuda`` runs one rank per GPU
+over NCCL (the same checks on a GPU host).
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ def main(fault: str, device: str = "cpu") -> None:
 
     def hook(ctx: Any) -> None:
         if ctx.step == FAULT_STEP and env.rank == 1:
-            if fault == "kill":
+            if fault in ("kill", "kill-busy"):
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault == "hang":
                 time.sleep(300)
+        if ctx.step == FAULT_STEP and env.rank == 0 and fault == "kill-busy":
+            time.sleep(30)  # busy (a long force computation, say) when rank 1 dies
 
     with DomainParallel(dyn, DomainConfig(cutoff=LJ_CUTOFF, skin=0.5)) as dp:
         dp.register_hook(HookStage.BEFORE_COMPUTE, hook)

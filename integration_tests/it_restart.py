@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 from it_systems import LJ_CUTOFF, crystal, lj_model
 
 from nvdd.core import Batch
-from nvdd.dynamics import FIRE, DomainConfig, DomainParallel, Langevin, VelocityVerlet
+from nvdd.dynamics import (
+    FIRE,
+    DomainConfig,
+    DomainParallel,
+    HookStage,
+    Langevin,
+    VelocityVerlet,
+)
 
 
 def _dynamics(integrator: str) -> Any:
@@ -94,3 +103,56 @@ def save_twice_second_fails(path: str, culprit: int) -> str:
             dp.run(1)  # every rank is still in step with the others
             return str(exc)
     return "no error"
+
+
+def _checkpoint_every(dp: DomainParallel, path: str, every: int) -> None:
+    """Save ``path`` after every ``every``-th step (what ``nvdd run
+    --checkpoint-every`` does); a restarted run registers it again, so both
+    runs rebuild the halo after the same steps."""
+
+    def save(ctx: Any) -> None:
+        if ctx.step % every == 0:
+            dp.save(path, metadata={"step": ctx.step})
+
+    dp.register_hook(HookStage.AFTER_STEP, save)
+
+
+def run_checkpointed(
+    path: str, n_steps: int, every: int, kill_at: int | None = None
+) -> dict[str, Any] | None:
+    """NVE for ``n_steps`` with a checkpoint every ``every`` steps; with ``kill_at``,
+    rank 1 SIGKILLs itself mid-step (in the hook before the force computation, at
+    ``ctx.step == kill_at``): nothing runs on it after that, no handler, no
+    ``finally``. The final state on rank 0."""
+    import torch.distributed as dist
+
+    dyn = _dynamics("nve")
+    with DomainParallel(dyn, DomainConfig(cutoff=LJ_CUTOFF, skin=0.5)) as dp:
+        _checkpoint_every(dp, path, every)
+        if kill_at is not None:
+
+            def kill(ctx: Any) -> None:
+                if ctx.step == kill_at and dist.get_rank() == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            dp.register_hook(HookStage.BEFORE_COMPUTE, kill)
+        dp.partition()
+        dp.run(n_steps)
+        final = dp.gather(0)
+    return _state(final)
+
+
+def resume_checkpointed(path: str, n_steps: int, every: int) -> dict[str, Any] | None:
+    """Load the last checkpoint in ``path`` and run on to step ``n_steps`` with the
+    same checkpoint cadence; the final state on rank 0 and the step restarted from."""
+    dyn = _dynamics("nve")
+    with DomainParallel(dyn, DomainConfig(cutoff=LJ_CUTOFF, skin=0.5)) as dp:
+        _checkpoint_every(dp, path, every)
+        dp.load(path)
+        start = dyn.step_count
+        dp.run(n_steps - start)
+        final = dp.gather(0)
+    out = _state(final)
+    if out is not None:
+        out["restarted_at"] = start
+    return out

@@ -6,6 +6,9 @@
   by up to 8e-3 eV/A with no error.
 - A float32 batch whose rank receives exactly one ghost row (12-byte rows) used to
   crash in the unpacking of the message.
+- Issue 17's skin-0 case: with skin 0 the ghost width is the cutoff, and a ghost
+  exactly at its edge was dropped by rounding while the model kept the pair, so
+  atoms on the periodic face x = 0 got half a pair force too little.
 """
 
 from __future__ import annotations
@@ -14,7 +17,16 @@ import math
 
 import pytest
 import torch
-from it_faces import fcc_with_atom_at, lj, single_point, two_atoms_across_a_cut
+from it_faces import (
+    JUMP_L,
+    JUMP_RC,
+    faces_and_a_jumper,
+    fcc_with_atom_at,
+    lj,
+    single_point,
+    skin_zero_steps,
+    two_atoms_across_a_cut,
+)
 from it_systems import AR_A
 
 from nvdd.testing import assert_close_by_id, run_ranks
@@ -49,3 +61,37 @@ def test_a_single_ghost_row_of_any_dtype_arrives(strategy: str, dtype: torch.dty
     assert_close_by_id(got.atom_ids, got.forces, ids, ref["forces"], atol=tol, what="forces")
     assert float(ref["energy"].sum()) > 0.05  # the pair is inside the cutoff
     assert abs(float(got.energy.sum()) - float(ref["energy"].sum())) < tol
+
+
+def test_skin_zero_faces_and_an_atom_jumping_three_sub_domains() -> None:
+    """Issue 17 item 2, end to end: 2 ranks, grid (2, 1, 1), LJ rc 8.5, skin 0; one
+    atom crosses three sub-domain boundaries in one step while pinned atoms sit on
+    the periodic face x = 0 with partners a few ulps inside the cutoff (ghosts at
+    the edge of the ghost width). Every step (each one rebuilds: skin 0), forces
+    and energy equal the single-process model on the same positions.
+
+    Checked against the selection without its rounding margin
+    (``nvdd.halo._select.rounding_margin`` returning 0): the face atoms and their
+    partners are then off by 6.0e-5 eV/A (half of one pair's force) at every step.
+    """
+    batch = faces_and_a_jumper()
+    steps = run_ranks(skin_zero_steps, 2, batch, 3, timeout_s=180)[0]
+    assert steps is not None and len(steps) == 4
+    model = lj(JUMP_RC)
+    ids = batch.atom_ids
+    for step, (got_ids, pos, forces, energy) in enumerate(steps):
+        order = torch.argsort(got_ids)
+        assert torch.equal(got_ids[order], ids)
+        here = batch.replace(positions=pos[order])
+        ref = model(here)
+        # the face pairs are really inside the cutoff (a force worth checking), and
+        # the pinned atoms never moved: the edge geometry holds at every step
+        assert float(ref["forces"][:6].norm(dim=1).min()) > 1e-4, step
+        assert float((here.positions[:6] - batch.positions[:6]).abs().max()) < 1e-30, step
+        assert_close_by_id(
+            got_ids, forces, ids, ref["forces"], atol=1e-10, what=f"forces at step {step}"
+        )
+        assert abs(float(energy.sum()) - float(ref["energy"].sum())) < 1e-10, step
+    # the jumper went 36 A in one step: 14 -> 50, i.e. 20.9 after the wrap (box 1)
+    x1 = float(steps[1][1][torch.argsort(steps[1][0])][6, 0])
+    assert abs(x1 - (14.0 + 36.0 - JUMP_L)) < 1e-6, x1

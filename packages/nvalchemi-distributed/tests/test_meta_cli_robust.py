@@ -32,11 +32,41 @@ def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["run", *argv])
 
 
+_NACL_LJ = (
+    '[[model]]\nkind = "lj"\ncutoff = 4.5\nspecies = { 11 = [0.05, 2.35], 17 = [0.05, 4.0] }\n'
+)
+_EWALD = '[[model]]\nkind = "ewald"\ncutoff = 4.5\naccuracy = 1e-5\n'
+_RUN_FILES = {
+    "typo.toml": '[system]\nbuiltin = "nacl"\ncell = 2\n' + _NACL_LJ,
+    "badkey.toml": '[system]\ncells = 1\n[[model]]\nkind = "ewald"\ncutof = 4.5\n',
+    "nolj.toml": '[system]\ncells = 1\n[[model]]\nkind = "lj"\ncutoff = 4.5\n'
+    "species = { 11 = [0.05, 2.35] }\n",
+    "nocharges.toml": '[system]\nstructure = "{d}/nacl.xyz"\n' + _NACL_LJ + _EWALD,
+    "fewcharges.toml": '[system]\nstructure = "{d}/nacl.xyz"\ncharges = { 11 = 1.0 }\n'
+    + _NACL_LJ
+    + _EWALD,
+    "nofile.toml": '[system]\nstructure = "{d}/missing.xyz"\n' + _NACL_LJ,
+    "slab.toml": '[system]\nstructure = "{d}/slab.xyz"\n[[model]]\nkind = "lj"\n'
+    "cutoff = 4.5\nepsilon = 0.01\nsigma = 3.4\n",
+    "good.toml": '[system]\nstructure = "{d}/nacl.xyz"\ncharges = { 11 = 1.0, 17 = -1.0 }\n'
+    + _NACL_LJ
+    + _EWALD,
+}
+
+
 @pytest.fixture
 def structures(tmp_path: Path) -> Path:
     (tmp_path / "cu.xyz").write_text("2\n\nCu 0 0 0\nCu 1.8 0 0\n")
     (tmp_path / "xx.xyz").write_text("1\n\nXx 0 0 0\n")
     (tmp_path / "garbage.xyz").write_text("not a structure\n")
+    lattice = 'Lattice="8 0 0 0 8 0 0 0 8" Properties=species:S:1:pos:R:3'
+    (tmp_path / "slab.xyz").write_text(f'2\n{lattice} pbc="T T F"\nAr 0 0 0\nAr 3.8 0 0\n')
+    (tmp_path / "nacl.xyz").write_text(f'2\n{lattice} pbc="T T T"\nNa 0 0 0\nCl 2.8 0 0\n')
+    (tmp_path / "oxide.xyz").write_text(
+        f'3\n{lattice} pbc="T T T"\nO 0 0 0\nO 1.6 0 0\nSi 0 1.6 0\n'
+    )
+    for name, text in _RUN_FILES.items():
+        (tmp_path / name).write_text(text.replace("{d}", str(tmp_path)))
     return tmp_path
 
 
@@ -55,6 +85,31 @@ def structures(tmp_path: Path) -> Path:
         (["--lj", "Cu:0.4:-1"], "need epsilon >= 0 eV and sigma > 0 A"),
         (["--restart", "{d}/none"], "no checkpoint there"),
         (["--watchdog", "-1"], "--watchdog must be >= 0 s"),
+        # the thermostat and barostat numbers, whatever the ensemble (never unused)
+        (["--tau-t", "0"], "--tau-t must be > 0 fs, got 0.0"),
+        (["--ensemble", "nvt-nh", "--tau-t", "nan"], "--tau-t must be > 0 fs, got nan"),
+        (["--ensemble", "npt", "--tau-p", "-100"], "--tau-p must be > 0 fs, got -100.0"),
+        (["--ensemble", "npt", "--pressure", "inf"], "--pressure must be a finite number of bar"),
+        (["--ensemble", "nvt-nh", "--temperature", "0"], "nvt-nh needs --temperature > 0 K"),
+        (["--ensemble", "npt", "--structure", "{d}/slab.xyz"], "npt needs a cell periodic on"),
+        # --model mace reads and checks the structure before launch too
+        (["--model", "mace", "--structure", "{d}/missing.xyz"], "missing.xyz: no such file"),
+        (["--model", "mace", "--structure", "{d}/garbage.xyz"], "ase.io.read cannot read it"),
+        (
+            ["--model", "mace", "--structure", "{d}/cu.xyz"],
+            "Cu (Z=29) not among the elements the built-in MACE knows (O (Z=8), Si (Z=14))",
+        ),
+        # a run file's system and components are built before launch
+        (["--run-file", "{d}/typo.toml"], "[system]: unknown key(s) ['cell']"),
+        (["--run-file", "{d}/badkey.toml"], "unexpected keyword argument 'cutof'"),
+        (["--run-file", "{d}/nolj.toml"], "(kind = 'lj'): no parameters for atomic number(s) [17]"),
+        (["--run-file", "{d}/nocharges.toml"], "(kind = 'ewald') needs per-atom charges"),
+        (
+            ["--run-file", "{d}/fewcharges.toml"],
+            "[system]: charges: no charge given for atomic number(s) [17] (given: [11])",
+        ),
+        (["--run-file", "{d}/nofile.toml"], "missing.xyz': no such file"),
+        (["--ensemble", "npt", "--run-file", "{d}/slab.toml"], "npt needs a cell periodic on"),
     ],
 )
 def test_bad_arguments_fail_before_any_rank_starts(
@@ -68,6 +123,52 @@ def test_bad_arguments_fail_before_any_rank_starts(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvdd run: error: "), err
     assert message in lines[0], lines[0]
+
+
+def test_a_valid_run_file_and_mace_structure_pass_the_checks(structures: Path) -> None:
+    assert validate(_args("--run-file", str(structures / "good.toml"))) == []
+    assert validate(_args("--model", "mace", "--structure", str(structures / "oxide.xyz"))) == []
+
+
+def test_the_elements_of_a_mace_model_file_are_read_without_loading_it(
+    structures: Path, tmp_path: Path
+) -> None:
+    """--model-file: its atomic_numbers are read with an unpickler that resolves no
+    class of the file (mace-torch is not even imported); the structure's elements
+    are checked against them before launch. A file it cannot read is left to the
+    ranks (no false error)."""
+    pytest.importorskip("mace")
+    import json
+    import subprocess
+
+    import torch
+
+    from nvdd.models import MACEConfig, build_mace
+
+    model_file = tmp_path / "oxide.model"
+    torch.save(build_mace(MACEConfig(atomic_numbers=(8, 14), r_max=4.0, seed=5)), model_file)
+    (tmp_path / "junk.model").write_bytes(b"PK\x03\x04 not a model")
+    code = (
+        "import json, sys\n"
+        "from nvalchemi.distributed._model_peek import mace_file_elements\n"
+        f"got = [mace_file_elements({str(model_file)!r}), "
+        f"mace_file_elements({str(tmp_path / 'junk.model')!r})]\n"
+        "print(json.dumps([got, 'mace' in sys.modules, 'e3nn' in sys.modules]))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [[[8, 14], None], False, False]
+    mace = ["--model", "mace", "--model-file", str(model_file), "--structure"]
+    problems = validate(_args(*mace, str(structures / "cu.xyz")))
+    assert problems == [
+        f"--structure {structures / 'cu.xyz'}: Cu (Z=29) not among the elements the model in "
+        f"{model_file} knows (O (Z=8), Si (Z=14))"
+    ]
+    assert validate(_args(*mace, str(structures / "oxide.xyz"))) == []
+    junk = ["--model", "mace", "--model-file", str(tmp_path / "junk.model")]
+    assert validate(_args(*junk, "--structure", str(structures / "cu.xyz"))) == []
 
 
 def test_ranks_started_by_another_launcher_check_the_arguments_too(

@@ -158,3 +158,12 @@ def sleepy_hook(folder: str, timeout_s: float) -> None:
         dp.register_hook(HookStage.AFTER_STEP, hook)
         dp.partition()
         dp.run(8)
+
+
+def run_plain(kind: str, n_steps: int) -> Any:
+    """``n_steps`` without any checkpoint: the run a restart is compared with."""
+    dyn = dynamics(kind)
+    with DomainParallel(dyn, CONFIG) as dp:
+        dp.partition()
+        dp.run(n_steps)
+        return state(dp.gather(0), dyn)

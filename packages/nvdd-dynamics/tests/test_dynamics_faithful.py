@@ -119,12 +119,12 @@ def _single_point() -> dict:
         dp.partition()
         first = dp.gather(0)  # no step ran: forces are computed, not zeros
         if first is not None:
-            out["gather"] = (first.atom_ids, first.forces, first.energy)
+            out["gather"] = (first.atom_ids, first.forces, first.energy, first.stress)
         # move every atom (a scan), then a single point at the new positions
         dyn.batch = dyn.batch.replace(positions=dyn.batch.positions * 1.01)
         moved = dp.single_point(dst=None)
         assert moved is not None
-        out["single_point"] = (moved.atom_ids, moved.forces, moved.energy)
+        out["single_point"] = (moved.atom_ids, moved.forces, moved.energy, moved.stress)
     return out
 
 
@@ -132,16 +132,21 @@ def test_gather_after_partition_and_single_point_compute_forces() -> None:
     got = run_ranks(_single_point, 2, timeout_s=120)
     batch = make_gas(n=40)
     ref = {k: v.detach() for k, v in SoftPair()(batch).items()}
-    ids, f, e = got[0]["gather"]
+    ids, f, e, s = got[0]["gather"]
     assert float(f.abs().max()) > 0
     assert_close_by_id(ids, f, batch.atom_ids, ref["forces"], atol=1e-12, what="forces")
     assert float((e - ref["energy"]).abs().max()) < 1e-12
+    assert float(ref["stress"].abs().max()) > 1e-4  # a stress worth comparing
+    assert float((s - ref["stress"]).abs().max()) < 1e-12, (s, ref["stress"])
     scaled = batch.replace(positions=batch.positions * 1.01)
     ref2 = {k: v.detach() for k, v in SoftPair()(scaled).items()}
+    assert float((ref2["stress"] - ref["stress"]).abs().max()) > 1e-6  # it moved
     for rank in (0, 1):  # dst=None: every rank has the whole system
-        ids2, f2, e2 = got[rank]["single_point"]
+        ids2, f2, e2, s2 = got[rank]["single_point"]
         assert_close_by_id(ids2, f2, scaled.atom_ids, ref2["forces"], atol=1e-12, what="forces")
         assert float((e2 - ref2["energy"]).abs().max()) < 1e-12
+        assert s2.shape == ref2["stress"].shape == (1, 3, 3)
+        assert float((s2 - ref2["stress"]).abs().max()) < 1e-12, (rank, s2, ref2["stress"])
 
 
 @pytest.mark.gpu

@@ -81,7 +81,16 @@ def test_the_report_names_the_spec_in_use_not_only_its_preset() -> None:
     assert "outputs['forces'] is per_node/owned_only (preset: per_node/all_reduce)" in text
     assert "(the preset, unchanged)" in describe_spec(SPEC_LJ_HALO)
     report = trace_and_validate(SoftPair(spec=forces_owned_only), make_gas(n=36), world_size=2)
-    assert "outputs['forces'] is per_node/owned_only" in report.summary()
+    summary = report.summary()
+    assert "outputs['forces'] is per_node/owned_only" in summary
+    # The pair model returns forces on ghost rows (SPEC_LJ_HALO's contract): declared
+    # owned-only, they are not folded, so the report must FAIL on the forces alone
+    # (issue 17: it used to pass, the runtime folding whatever the spec said).
+    assert not report.passed and summary.startswith("trace_and_validate: FAILED"), summary
+    assert report.errors["forces"] > 1e-3, report.errors
+    assert report.errors["energy"] < 1e-10 and report.errors["stress"] < 1e-10, report.errors
+    assert f"forces: max abs error {report.errors['forces']:.3e}" in summary
+    assert report.failure is None  # a verdict on the spec, not a crash
 
 
 def test_validation_arguments() -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "parse_lj",
     "read_structure",
     "restart_point",
+    "structure_problems",
     "validate",
 ]
 
@@ -93,16 +94,18 @@ def lj_species(args: argparse.Namespace) -> dict[int, LJParams]:
     return species
 
 
-def read_structure(path: str) -> Any:
-    """``ase.io.read(path)``, or ValueError with one line saying why not."""
+def read_structure(path: str, label: str | None = None) -> Any:
+    """``ase.io.read(path)``, or ValueError with one line saying why not, which
+    starts with ``label`` (default ``"--structure PATH"``)."""
+    label = f"--structure {path}" if label is None else label
     file = Path(path)
     if not file.is_file():
-        raise ValueError(f"--structure {path}: no such file")
+        raise ValueError(f"{label}: no such file")
     try:
         from ase.io import read
     except ImportError:
         raise ValueError(
-            "--structure needs ASE: pip install 'nvalchemi-distributed[demo]'"
+            f"{label}: reading it needs ASE: pip install 'nvalchemi-distributed[demo]'"
         ) from None
     try:
         atoms = read(str(file))
@@ -111,10 +114,10 @@ def read_structure(path: str) -> Any:
             detail = f"unknown element symbol {exc}"
         else:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise ValueError(f"--structure {path}: ase.io.read cannot read it ({detail})") from None
+        raise ValueError(f"{label}: ase.io.read cannot read it ({detail})") from None
     if isinstance(atoms, list):
         if len(atoms) != 1:
-            raise ValueError(f"--structure {path}: holds {len(atoms)} frames, give one")
+            raise ValueError(f"{label}: holds {len(atoms)} frames, give one")
         atoms = atoms[0]
     return atoms
 
@@ -197,38 +200,77 @@ def _device(args: argparse.Namespace) -> list[str]:
     return []
 
 
-def _model(args: argparse.Namespace) -> list[str]:
-    """LJ parameters, and the structure's elements against them."""
+def structure_problems(label: str, atoms: Any, *, periodic: bool = False) -> list[str]:
+    """What makes the ASE ``atoms`` read for ``label`` unusable: no atoms,
+    non-finite positions, a periodic axis without a cell vector, and with
+    ``periodic`` (NPT) an axis that is not periodic."""
+    import numpy as np
+
+    if len(atoms) == 0:
+        return [f"{label}: holds no atoms"]
+    out = []
+    if not np.isfinite(atoms.get_positions()).all():
+        out.append(f"{label}: positions are not all finite")
+    pbc, cell = atoms.get_pbc(), np.asarray(atoms.get_cell())
+    flat = [a for a in range(3) if pbc[a] and not np.linalg.norm(cell[a]) > 0]
+    if flat:
+        out.append(f"{label}: periodic axes {flat} have no cell vector")
+    if periodic and not bool(np.all(pbc)):
+        out.append(
+            f"{label}: --ensemble npt needs a cell periodic on every axis, got pbc {pbc.tolist()}"
+        )
+    return out
+
+
+def _names(numbers: list[int]) -> str:
+    symbols, _ = _symbol_table()
+    return ", ".join(f"{symbols[z] if 0 <= z < len(symbols) else '?'} (Z={z})" for z in numbers)
+
+
+def _model_elements(args: argparse.Namespace) -> list[int] | None:
+    """The elements ``--model mace`` knows, when that is cheap to tell (None: not)."""
+    from nvalchemi.distributed._model_args import BUILTIN_MACE_ELEMENTS
+
+    if not args.model_file:
+        return list(BUILTIN_MACE_ELEMENTS)
+    from nvalchemi.distributed._model_peek import mace_file_elements
+
+    return mace_file_elements(args.model_file)
+
+
+def _structure(args: argparse.Namespace) -> list[str]:
+    """LJ parameters, and ``--structure``: read, whole, and made of elements the
+    model knows (LJ: built-in or ``--lj``; MACE: the model's ``atomic_numbers``)."""
     try:
         species = lj_species(args)
     except ValueError as exc:
         return [str(exc)]
-    if not args.structure or args.run_file or getattr(args, "model", "lj") != "lj":
+    if not args.structure or args.run_file:
         return []
     try:
         atoms = read_structure(args.structure)
     except ValueError as exc:
         return [str(exc)]
-    out = []
-    n = len(atoms)
-    if n == 0:
-        return [f"--structure {args.structure}: holds no atoms"]
-    import numpy as np
-
-    if not np.isfinite(atoms.get_positions()).all():
-        out.append(f"--structure {args.structure}: positions are not all finite")
-    pbc, cell = atoms.get_pbc(), np.asarray(atoms.get_cell())
-    flat = [a for a in range(3) if pbc[a] and not np.linalg.norm(cell[a]) > 0]
-    if flat:
-        out.append(f"--structure {args.structure}: periodic axes {flat} have no cell vector")
-    missing = sorted({int(z) for z in atoms.get_atomic_numbers()} - set(species))
-    if missing:
-        symbols, _ = _symbol_table()
-        names = ", ".join(f"{symbols[z]} (Z={z})" for z in missing)
-        first = symbols[missing[0]]
+    label = f"--structure {args.structure}"
+    out = structure_problems(label, atoms, periodic=args.ensemble == "npt")
+    if len(atoms) == 0:
+        return out
+    present = {int(z) for z in atoms.get_atomic_numbers()}
+    if getattr(args, "model", "lj") == "lj":
+        missing = sorted(present - set(species))
+        if missing:
+            symbols, _ = _symbol_table()
+            out.append(
+                f"{label}: no Lennard-Jones parameters for {_names(missing)}; pass "
+                f"--lj {symbols[missing[0]]}:EPSILON:SIGMA (eV, A) for each (built in: Ar only)"
+            )
+        return out
+    known = _model_elements(args)
+    if known is not None and present - set(known):
+        which = f"the model in {args.model_file}" if args.model_file else "the built-in MACE"
         out.append(
-            f"--structure {args.structure}: no Lennard-Jones parameters for {names}; pass "
-            f"--lj {first}:EPSILON:SIGMA (eV, A) for each (built in: Ar only)"
+            f"{label}: {_names(sorted(present - set(known)))} not among the elements "
+            f"{which} knows ({_names(sorted(known))})"
         )
     return out
 
@@ -242,33 +284,38 @@ def _model_options(args: argparse.Namespace) -> list[str]:
 
 
 def _ensemble(args: argparse.Namespace) -> list[str]:
-    """The first phase's own numbers (``--ensemble``)."""
+    """The thermostat and barostat numbers (checked whatever ``--ensemble`` is, so a
+    bad value is never silently unused), and what the chosen ensemble needs."""
     out = []
-    if args.ensemble in ("nvt-nh", "npt") and not (math.isfinite(args.tau_t) and args.tau_t > 0):
+    if not (math.isfinite(args.tau_t) and args.tau_t > 0):
         out.append(f"--tau-t must be > 0 fs, got {args.tau_t}")
-    if args.ensemble == "npt":
-        if not math.isfinite(args.pressure):
-            out.append(f"--pressure must be a finite number of bar, got {args.pressure}")
-        if not (math.isfinite(args.tau_p) and args.tau_p > 0):
-            out.append(f"--tau-p must be > 0 fs, got {args.tau_p}")
-        if args.structure or args.run_file:
-            return out  # the cell's periodicity is checked when the system is read
+    if not (math.isfinite(args.tau_p) and args.tau_p > 0):
+        out.append(f"--tau-p must be > 0 fs, got {args.tau_p}")
+    if not math.isfinite(args.pressure):
+        out.append(f"--pressure must be a finite number of bar, got {args.pressure}")
+    nose_hoover = args.ensemble in ("nvt-nh", "npt")
+    if nose_hoover and math.isfinite(args.temperature) and not args.temperature > 0:
+        out.append(
+            f"--ensemble {args.ensemble} needs --temperature > 0 K (a Nose-Hoover "
+            f"chain's target), got {args.temperature}"
+        )
+    # (NPT's fully periodic cell is checked where the system is read)
     return out
 
 
 def _run_file(args: argparse.Namespace) -> list[str]:
-    """The run file parses and names a known system and models."""
+    """The run file: its system and every model component are built as the ranks
+    will build them (see :func:`~nvalchemi.distributed._runfile.run_file_problems`)."""
     if not args.run_file:
         return []
     if args.structure:
         return ["--run-file and --structure both give the system: pass one"]
-    from nvalchemi.distributed._runfile import load_run_file
+    from nvalchemi.distributed._runfile import run_file_problems
 
-    try:
-        load_run_file(args.run_file)
-    except (OSError, ValueError, ImportError) as exc:
-        return [f"--run-file {args.run_file}: {exc}"]
-    return []
+    return [
+        f"--run-file {args.run_file}: {p}"
+        for p in run_file_problems(args.run_file, periodic=args.ensemble == "npt")
+    ]
 
 
 def _restart(args: argparse.Namespace) -> list[str]:
@@ -295,7 +342,7 @@ CHECKERS: list[Callable[[argparse.Namespace], list[str]]] = [
     _numbers,
     _device,
     _model_options,
-    _model,
+    _structure,
     _ensemble,
     _run_file,
     _restart,

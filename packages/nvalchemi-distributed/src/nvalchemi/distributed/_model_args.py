@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["MODELS", "model_args_problem"]
+__all__ = ["BUILTIN_MACE_ELEMENTS", "MODELS", "model_args_problem"]
 
 #: ``--model`` choices.
 MODELS = ("lj", "mace")
+#: Atomic numbers of the built-in random MACE (``--model mace`` without a file): O, Si.
+BUILTIN_MACE_ELEMENTS = (8, 14)
 
 
 def model_args_problem(args: argparse.Namespace) -> str | None:

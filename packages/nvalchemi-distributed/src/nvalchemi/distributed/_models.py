@@ -38,9 +38,11 @@ def _mace_modules() -> Any:
 
 def _demo_mace(dtype: torch.dtype) -> torch.nn.Module:
     """The built-in model: a small random MACE for O and Si (weights from seed 0)."""
+    from nvalchemi.distributed._model_args import BUILTIN_MACE_ELEMENTS
+
     models = _mace_modules()
     config = models.MACEConfig(
-        atomic_numbers=(8, 14),
+        atomic_numbers=BUILTIN_MACE_ELEMENTS,
         r_max=5.0,
         hidden_irreps="16x0e+16x1o",
         max_ell=2,

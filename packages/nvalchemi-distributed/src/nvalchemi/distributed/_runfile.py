@@ -33,12 +33,14 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+from nvdd.core import Batch, ConfigurationError, NvddError, OptionalDependencyError
 
-__all__ = ["build_model", "build_system", "load_run_file", "rocksalt"]
+__all__ = ["build_model", "build_system", "load_run_file", "rocksalt", "run_file_problems"]
 
 NACL_A = 5.64  # Angstrom
 _MASSES = {11: 22.99, 17: 35.45}
+_TOP_KEYS = ("model", "system")
+_SYSTEM_KEYS = ("builtin", "cells", "charges", "jitter", "structure")
 
 
 def load_run_file(path: str | Path) -> dict[str, Any]:
@@ -185,3 +187,105 @@ def build_system(
 
         batch = assign_charges(batch, _int_keys(system["charges"]))
     return batch.to(device)
+
+
+def _system_problems(system: Any, periodic: bool) -> list[str]:
+    """The ``[system]`` table's keys and values, its structure file read."""
+    if not isinstance(system, dict):
+        return [f"[system] must be a table, got {system!r}"]
+    out = []
+    unknown = sorted(set(system) - set(_SYSTEM_KEYS))
+    if unknown:
+        out.append(f"[system]: unknown key(s) {unknown} (known: {', '.join(_SYSTEM_KEYS)})")
+    charges = system.get("charges", {})
+    if not isinstance(charges, dict):
+        out.append(f"[system] charges must be a table {{ Z = charge }}, got {charges!r}")
+    else:
+        for key, q in charges.items():
+            if not str(key).isdigit():
+                out.append(f"[system] charges: key {key!r} is not an atomic number")
+            elif isinstance(q, bool) or not isinstance(q, int | float) or q != q:
+                out.append(f"[system] charges: {key} = {q!r} is not a number")
+    if "structure" in system:
+        from nvalchemi.distributed._checks import read_structure, structure_problems
+
+        label = f"[system] structure = {str(system['structure'])!r}"
+        try:
+            atoms = read_structure(str(system["structure"]), label)
+        except ValueError as exc:
+            return [*out, str(exc)]
+        out += structure_problems(label, atoms, periodic=periodic)
+    else:
+        builtin = system.get("builtin", "nacl")
+        if builtin != "nacl":
+            out.append(f"[system] builtin = {builtin!r}: unknown (nacl)")
+        cells = system.get("cells", 3)
+        if isinstance(cells, bool) or not isinstance(cells, int) or cells < 1:
+            out.append(f"[system] cells must be an integer >= 1, got {cells!r}")
+    return out
+
+
+def _coverage(i: int, entry: dict[str, Any], part: Any, batch: Batch) -> list[str]:
+    """Whether component ``part`` (``[[model]]`` number ``i``) can run on ``batch``:
+    per-species parameters for every element, charges for electrostatics."""
+    from nvdd.models import Ewald, ParticleMeshEwald
+
+    what = f"[[model]] {i} (kind = {entry.get('kind')!r})"
+    present = sorted({int(z) for z in batch.atomic_numbers.tolist()})
+    rows = getattr(part, "species_rows", None)
+    if isinstance(rows, torch.Tensor):
+        table = rows.tolist()
+        missing = [z for z in present if z >= len(table) or table[z] < 0]
+        if missing:
+            return [f"{what}: no parameters for atomic number(s) {missing} of the system"]
+    if isinstance(part, Ewald | ParticleMeshEwald) and "charges" not in batch.atom_extras:
+        return [f"{what} needs per-atom charges: add [system] charges = {{ Z = charge, ... }}"]
+    return []
+
+
+def _launcher_text(exc: BaseException) -> str:
+    """An error's text as the launcher says it: the model layer names "rank 0",
+    which before launch is no rank at all."""
+    text = str(exc) if isinstance(exc, NvddError) else f"{type(exc).__name__}: {exc}"
+    return text.replace("rank 0: ", "")
+
+
+def run_file_problems(path: str | Path, *, periodic: bool = False) -> list[str]:
+    """What is wrong with the run file ``path`` (empty: good to launch).
+
+    Local, before any rank starts: the TOML, the ``[system]`` table (its structure
+    file read and checked; ``periodic``: every axis periodic, for NPT), every
+    ``[[model]]`` component and the system built as the ranks will build them
+    (on the CPU, in float64), and each component's coverage of the system's
+    elements (per-species parameters, charges for Ewald and PME).
+    """
+    try:
+        data = load_run_file(path)
+    except ConfigurationError as exc:
+        return [str(exc)]
+    out = []
+    unknown = sorted(set(data) - set(_TOP_KEYS))
+    if unknown:
+        out.append(f"unknown table(s) {unknown} (known: {', '.join(_TOP_KEYS)})")
+    out += _system_problems(data.get("system", {}), periodic)
+    entries = data["model"] if isinstance(data["model"], list) else [data["model"]]
+    parts: list[tuple[int, dict[str, Any], Any]] = []
+    for i, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            out.append(f"[[model]] {i} must be a table, got {entry!r}")
+            continue
+        try:
+            parts.append((i, entry, _component(entry)))
+        except Exception as exc:  # any constructor error is the user's input
+            out.append(f"[[model]] {i}: {_launcher_text(exc)}")
+    if out:
+        return out
+    try:
+        batch = build_system(
+            data, dtype=torch.float64, device=torch.device("cpu"), temperature_k=0.0, seed=0
+        )
+    except Exception as exc:  # (bad charges, a batch that does not validate)
+        return [f"[system]: {_launcher_text(exc)}"]
+    for i, entry, part in parts:
+        out += _coverage(i, entry, part, batch)
+    return out

@@ -16,6 +16,14 @@ message, whether it is a collective failure) and prints one line:
 - ``nvdd: rank 0 failed in a collective; rank(s) [2] stopped responding ...``
   when no rank recorded one but a watchdog saw ranks go silent (killed,
   crashed in native code).
+
+A rank that was outside any collective when a peer died gets no error of its
+own: the launcher stops it with SIGTERM first. Its SIGTERM handler
+(``nvdd.core._lifecycle``) prints :func:`termination_note` before it exits:
+``nvdd: rank 0 was stopped by SIGTERM after rank 1 failed: ...`` or ``nvdd: rank
+0 was stopped by SIGTERM; rank(s) [1] stopped responding ...``. A watchdog that
+ends its rank records why (:func:`record_failure`), so the others name it as the
+first failure rather than as a rank that went silent.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import torch.distributed as dist
 
 from nvdd.core._errors import CommunicationError
 
-__all__ = ["failure_note", "install_failure_report"]
+__all__ = ["failure_note", "install_failure_report", "record_failure", "termination_note"]
 
 #: Seconds a rank whose collective failed waits for the culprit's record.
 WAIT_FOR_CAUSE_S = 3.0
@@ -116,6 +124,56 @@ def failure_note(exc: BaseException, *, wait_s: float = WAIT_FOR_CAUSE_S) -> str
         f"nvdd: rank {rank} failed in a collective ({record['what']}); no rank reported an "
         "error of its own: see the launcher's report for a rank that died"
     )
+
+
+def record_failure(what: str) -> None:
+    """Record a failure of this rank's own (not a collective's) in the store, as
+    the failure report does for an exception: what a watchdog that ends its rank
+    leaves for the others. Local; silent when the store is unreachable."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    with contextlib.suppress(Exception):
+        store = _store()
+        order = int(store.add("count", 1))
+        record = {"order": order, "what": what, "collective": False}
+        store.set(str(dist.get_rank()), json.dumps(record))
+
+
+def termination_note() -> str | None:
+    """Why another rank made the launcher stop this one, for a SIGTERM that found
+    this rank with no failure of its own (None when nothing is known: a plain
+    stop, or a world of one).
+
+    Reads the store only (no collective): a failure some rank recorded (it exits
+    after recording, and only then does the launcher send SIGTERM), else the
+    ranks the last watchdog sees go silent, which takes two of its publication
+    intervals (at most 4.1 s).
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    if world < 2:
+        return None
+    rank = dist.get_rank()
+    try:
+        store = _store()
+        watch = _Liveness()
+        causes = _causes(store, world, rank)
+    except Exception:
+        return None
+    if causes:
+        first_rank, first = min(causes.items(), key=lambda kv: kv[1]["order"])
+        return (
+            f"nvdd: rank {rank} was stopped by SIGTERM after rank {first_rank} failed: "
+            f"{first['what']}"
+        )
+    silent = watch.silent()
+    if silent:
+        return (
+            f"nvdd: rank {rank} was stopped by SIGTERM; rank(s) {silent} stopped responding "
+            "without reporting an error (killed, out of memory, or crashed in native code)"
+        )
+    return None
 
 
 def _causes(store: Any, world: int, me: int) -> dict[int, dict[str, Any]]:

@@ -136,6 +136,20 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # watcher still ends it if it does not.
     if reporting_failure.is_set() or sys.exc_info()[1] is not None:
         return
+    # Nothing failed here: the launcher may be stopping this rank because another
+    # one died. Say which (a few seconds at most, within the grace) before exiting;
+    # a second SIGTERM meanwhile does not cut the note short.
+    reporting_failure.set()
+    from nvdd.core._failures import termination_note
+
+    try:
+        note = termination_note()
+    except Exception:  # never block the exit
+        note = None
+    if note:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(note + "\n")
+            sys.stderr.flush()
     raise SystemExit(128 + signum)
 
 

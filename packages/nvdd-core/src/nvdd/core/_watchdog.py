@@ -386,8 +386,10 @@ class Watchdog:
             return {}
 
     def _fire(self, idle: float, first: dict[int, RankProgress]) -> None:
+        reachable = False
         try:
             second = self.progress()
+            reachable = True
             message = self.report(idle, first, second)
         except Exception as exc:  # the store is unreachable: still say what we know
             message = (
@@ -395,6 +397,14 @@ class Watchdog:
                 f"(timeout {self.timeout_s:g} s) at {self._label!r}; the process group's "
                 f"store is unreachable ({type(exc).__name__}: {exc}), so the rank that hosts "
                 "it (rank 0 without torchrun) or the launcher may be gone"
+            )
+        if reachable:  # the others, stopped by the launcher, name this as the cause
+            from nvdd.core._failures import record_failure
+
+            silent = [ln for ln in message.splitlines() if ln.startswith("silent rank(s):")]
+            record_failure(
+                f"nvdd watchdog: no progress for {idle:.1f} s at {self._label!r}"
+                + (f"; {silent[0].rstrip('.')}" if silent else "")
             )
         try:
             if self._on_timeout is not None:
