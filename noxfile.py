@@ -156,6 +156,10 @@ def _install(
         "-c", str(constraints), "--no-deps", "--no-build-isolation", "--force-reinstall", *paths
     )
     session.env["WARP_CACHE_PATH"] = str(WARP_CACHE)
+    if extras or "test" in groups:
+        # what the tests import through nvdd.testing.importorskip_extra is installed
+        # here: a missing module is a broken install, so it fails instead of skipping
+        session.env["NVDD_REQUIRE_EXTRAS"] = "1"
 
 
 @nox.session

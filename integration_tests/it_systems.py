@@ -164,3 +164,126 @@ def mace_model(
         atomic_numbers=(8, 14), r_max=MACE_R_MAX, num_interactions=num_interactions, seed=1
     )
     return MACEModel(build_mace(config, dtype=dtype), skin=0.3, device=device, cueq=cueq)
+
+
+NACL_A = 5.64  # rock-salt lattice constant of NaCl, Angstrom
+LR_CUTOFF = 5.0
+
+
+def rock_salt(
+    cells: int = 2, *, jitter: float = 0.1, seed: int = 0, temperature_k: float = 0.0
+) -> Batch:
+    """Charge-neutral rock salt (Na +1, Cl -1), ``cells**3`` cubic cells (8 ions each),
+    jittered, shuffled atom ids; thermal velocities at ``temperature_k`` (none at 0:
+    the kit draws its own)."""
+    from nvdd.models import assign_charges
+
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.stack(
+        torch.meshgrid(*[torch.arange(cells, dtype=torch.float64)] * 3, indexing="ij"), -1
+    ).reshape(-1, 1, 3)
+    na = (grid + FCC).reshape(-1, 3)
+    frac = torch.stack([na, na + torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64)], 1)
+    positions = frac.reshape(-1, 3) * NACL_A
+    n = positions.shape[0]
+    positions = positions + jitter * torch.randn(n, 3, generator=g, dtype=torch.float64)
+    batch = Batch(
+        positions=positions,
+        atomic_numbers=torch.tensor([11, 17]).repeat(n // 2),
+        cell=torch.eye(3, dtype=torch.float64) * cells * NACL_A,
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(n, generator=g) * 2 + 5,
+    )
+    if temperature_k > 0:
+        batch = batch.replace(velocities=_velocities(n, batch.masses, temperature_k, g))
+    return assign_charges(batch, {11: 1.0, 17: -1.0})
+
+
+def lr_model(name: str, spec: Any = None) -> torch.nn.Module:
+    """The shipped long-range models with the accuracy parameters of the suite:
+    ``ewald``, ``pme`` (a fixed 20^3 mesh) or ``d3`` (PBE, cutoff 5 A, CN cutoff
+    5.5 A); ``spec`` replaces the model's preset."""
+    from nvdd.models import DFTD3, D3Config, Ewald, EwaldConfig, ParticleMeshEwald, PMEConfig
+
+    if name == "ewald":
+        return Ewald(EwaldConfig(cutoff=LR_CUTOFF, accuracy=1e-8), spec=spec)
+    if name == "pme":
+        config = PMEConfig(cutoff=LR_CUTOFF, accuracy=1e-6, mesh=(20, 20, 20))
+        return ParticleMeshEwald(config, spec=spec)
+    if name == "d3":
+        return DFTD3(D3Config.from_functional("pbe", cutoff=5.0, cn_cutoff=5.5), spec=spec)
+    raise ValueError(f"unknown long-range model {name!r}")
+
+
+#: The fairchem function SPEC_UMA_HALO's (optional) adapter replaces under DD.
+GP_UTILS = "fairchem.core.common.gp_utils"
+
+
+def gp_utils_stub() -> Any:
+    """A stand-in for fairchem's ``gp_utils`` (not installed here), in ``sys.modules``.
+
+    Its ``initialized()`` is true whenever a torch process group exists: what a
+    fairchem model would see under nvdd's decomposition were its own graph-parallel
+    mode not switched off. Idempotent; returns the module.
+    """
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    if GP_UTILS in sys.modules:
+        return sys.modules[GP_UTILS]
+    parts = GP_UTILS.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            sys.modules[name] = types.ModuleType(name)
+    module = sys.modules[GP_UTILS]
+
+    def initialized() -> bool:
+        return bool(dist.is_available() and dist.is_initialized())
+
+    module.initialized = initialized  # type: ignore[attr-defined]
+    return module
+
+
+class GraphParallelAwareMPNN(ReferenceMPNN):
+    """The reference MPNN behind a fairchem-style switch: it refuses to run while
+    fairchem's ``gp_utils.initialized()`` says its own graph parallel is on (it
+    would split the graph a second time). Under nvdd the switch must read false:
+    ``SPEC_UMA_HALO`` makes it so; ``SPEC_MPNN_HALO`` does not."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        gp_utils_stub()
+        super().__init__(*args, **kwargs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        gp_utils_stub()  # on every rank the model is unpickled on, before the runtime starts
+        super().__setstate__(state)
+
+    def forward(self, batch: Batch, **kwargs: Any) -> Any:
+        if gp_utils_stub().initialized():
+            raise RuntimeError(
+                "fairchem graph parallel is initialized: the graph would be split again"
+            )
+        return super().forward(batch, **kwargs)
+
+
+def hydrocarbon(n: tuple[int, int, int] = (6, 5, 5), spacing: float = 2.0, seed: int = 0) -> Batch:
+    """C and H (3:1) on a jittered simple-cubic lattice: carbon's D3 coordination
+    numbers (about 2) fall between its reference values, so its C6 coefficients
+    depend on them (in rock salt every Na and Cl weight sits on one reference to
+    1e-17, and a stale ghost CN changes nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    grid = torch.stack(
+        torch.meshgrid(*[torch.arange(k, dtype=torch.float64) for k in n], indexing="ij"), -1
+    ).reshape(-1, 3)
+    m = grid.shape[0]
+    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
+    return Batch(
+        positions=positions,
+        atomic_numbers=torch.where(torch.rand(m, generator=g) < 0.75, 6, 1),
+        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
+    )

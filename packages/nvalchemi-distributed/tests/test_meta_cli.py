@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvalchemi.distributed.cli import build_parser
+from nvdd.testing import importorskip_extra
 
 
 @pytest.mark.gloo
@@ -131,7 +133,7 @@ _MACE_RUN = ("--nproc", "2", "--nvt-steps", "2", "--nve-steps", "2", "--thermo-e
 def test_the_built_in_mace_and_its_box() -> None:
     """``--model mace`` without a file: a random MACE on an O/Si box of cells**3 atoms
     (the subprocess run below covers the DD path with a model file)."""
-    pytest.importorskip("mace")
+    importorskip_extra("mace")
     import torch
 
     from nvalchemi.distributed._models import build_model, builtin_system
@@ -149,7 +151,7 @@ def test_the_built_in_mace_and_its_box() -> None:
 
 @pytest.mark.gloo
 def test_nvdd_run_with_a_mace_model_file_and_a_structure(tmp_path: Path) -> None:
-    pytest.importorskip("mace")
+    importorskip_extra("mace")
     import ase
     import ase.io
     import torch
@@ -194,3 +196,48 @@ def test_model_options_are_checked_before_ranks_start(
     assert main(["run", "--model", "mace", "--model-file", str(tmp_path / "missing.model")]) == 2
     assert "missing.model' does not exist" in capsys.readouterr().err
     assert build_parser().parse_args(["run"]).model == "lj"
+
+
+@pytest.mark.gloo
+def test_nvdd_run_with_the_built_in_mace_on_two_ranks(tmp_path: Path) -> None:
+    """``--model mace`` without ``--model-file``: the random O/Si MACE on its own
+    box of ``--cells**3`` atoms, 2 ranks against 1 by atom id."""
+    importorskip_extra("mace")
+    out = tmp_path / "mace"
+    res = _nvdd_run(
+        "--model", "mace", "--cells", "3", "--skin", "0.5", "--traj-every", "0",
+        "--out", str(out), *_MACE_RUN,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "27 atoms on 2 cpu rank(s) (gloo); langevin 2 + NVE 2" in res.stdout
+    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 27 atoms", res.stdout)
+    assert m is not None, res.stdout
+    assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
+    rows = (out / "thermo.csv").read_text().splitlines()
+    assert rows[0].startswith("step,T,E_pot") and [r.split(",")[0] for r in rows[1:]] == ["2", "4"]
+
+
+@pytest.mark.gloo
+def test_nvdd_run_nose_hoover_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -> None:
+    """``--ensemble nvt-nh``: a Nose-Hoover chain NVT phase (its extended energy in
+    thermo.csv), then NVE; the whole trajectory against one rank."""
+    out = tmp_path / "nh"
+    res = _nvdd_run(
+        "--nproc", "2", "--cells", "3", "--cutoff", "6.0", "--skin", "0.5",
+        "--ensemble", "nvt-nh", "--tau-t", "50", "--nvt-steps", "4", "--nve-steps", "2",
+        "--thermo-every", "2", "--traj-every", "0", "--compare", "trajectory",
+        "--out", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "108 atoms on 2 cpu rank(s) (gloo); nvt-nh 4 + NVE 2" in res.stdout
+    m = re.search(r"max \|dx\| = (\S+) A", res.stdout)
+    assert m is not None and float(m.group(1)) < 1e-8, res.stdout
+    m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 108 atoms", res.stdout)
+    assert m is not None and float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9, res.stdout
+    lines = (out / "thermo.csv").read_text().splitlines()
+    table = [
+        dict(zip(lines[0].split(","), map(float, r.split(",")), strict=True)) for r in lines[1:]
+    ]
+    assert [int(r["step"]) for r in table] == [2, 4, 6]
+    # the Nose-Hoover phase carries its extended energy (Langevin leaves it NaN)
+    assert all(math.isfinite(r["E_ext"]) for r in table[:2]), table

@@ -16,6 +16,7 @@ import pytest
 from nvalchemi.distributed._checks import lj_species, validate
 from nvalchemi.distributed._outputs import THERMO_KEYS, ThermoLog, nve_drift_per_atom
 from nvalchemi.distributed.cli import build_parser, main
+from nvdd.testing import importorskip_extra
 
 TINY = ["--cells", "3", "--cutoff", "6.0", "--skin", "0.5", "--thermo-every", "2"]
 
@@ -137,7 +138,7 @@ def test_the_elements_of_a_mace_model_file_are_read_without_loading_it(
     class of the file (mace-torch is not even imported); the structure's elements
     are checked against them before launch. A file it cannot read is left to the
     ranks (no false error)."""
-    pytest.importorskip("mace")
+    importorskip_extra("mace")
     import json
     import subprocess
 

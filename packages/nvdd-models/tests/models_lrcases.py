@@ -41,12 +41,22 @@ from nvdd.spec import MLIPSpec
 HALO_MARGIN = 0.3
 NACL_A = 5.64
 
-#: name -> (world, rank grid, system)
+#: name -> (world, rank grid, system). Systems: ``nacl`` (64 ions of rock salt),
+#: ``liquid`` (64 ions, random neutral charges), their 512-ion versions (``nacl512``,
+#: ``liquid512``: issue 15's 500 to 4,000 atoms) and ``carbon`` (125 C / H atoms,
+#: random neutral charges: carbon's D3 coordination numbers lie between its
+#: reference values, so a stale ghost CN changes C6; in Na / Cl systems it cannot);
+#: a ``-tri`` suffix gives the same system in a triclinic cell.
 LR_CASES: dict[str, tuple[int, tuple[int, int, int], str]] = {
     "nacl-2": (2, (2, 1, 1), "nacl"),
     "liquid-tri-3": (3, (3, 1, 1), "liquid-tri"),
     "nacl-tri-4": (4, (2, 2, 1), "nacl-tri"),
     "liquid-4": (4, (1, 2, 2), "liquid"),
+    "nacl512-2": (2, (2, 1, 1), "nacl512"),
+    "nacl512-tri-3": (3, (3, 1, 1), "nacl512-tri"),
+    "liquid512-tri-4": (4, (2, 2, 1), "liquid512-tri"),
+    "carbon-2": (2, (2, 1, 1), "carbon"),
+    "carbon-tri-3": (3, (3, 1, 1), "carbon-tri"),
 }
 
 _TRI = ((2.0, 0.0, 0.0), (0.25, 2.0, 0.0), (-0.2, 0.3, 2.0))  # in lattice constants
@@ -73,16 +83,33 @@ def _liquid(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return frac, z[rng.permutation(n)]
 
 
+def _carbon(side: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fractional positions of a ``side**3`` grid and C / H (3:1) at random."""
+    grid = (np.array(list(itertools.product(range(side), repeat=3))) + 0.5) / side
+    z = np.where(np.random.default_rng(seed).uniform(size=len(grid)) < 0.75, 6, 1)
+    return grid, z
+
+
 def lr_batch(system: str, shift: float = 0.0) -> Batch:
     """The whole system ``system`` (charge neutral), moved by ``shift`` times a fixed field."""
-    if system.startswith("nacl"):
-        frac, z = _rocksalt(2)
+    base = system.removesuffix("-tri")
+    # scale: the edge of the cubic cell, in NaCl lattice constants
+    if base in ("nacl", "nacl512"):
+        scale = 2.0 if base == "nacl" else 4.0
+        frac, z = _rocksalt(int(scale))
         jitter = 0.12
-    else:
-        frac, z = _liquid(64, seed=3)
+    elif base in ("liquid", "liquid512"):
+        scale = 2.0 if base == "liquid" else 4.0
+        frac, z = _liquid(64 if base == "liquid" else 512, seed=3)
         jitter = 0.0
+    elif base == "carbon":
+        scale = 10.0 / NACL_A  # 5 x 5 x 5 sites 2 A apart
+        frac, z = _carbon(5, seed=5)
+        jitter = 0.1
+    else:
+        raise ValueError(f"unknown system {system!r}")
     tri = system.endswith("tri")
-    cell = NACL_A * (np.array(_TRI) if tri else 2.0 * np.eye(3))
+    cell = NACL_A * (np.array(_TRI) * (scale / 2.0) if tri else scale * np.eye(3))
     rng = np.random.default_rng(7)
     pos = frac @ cell + jitter * rng.standard_normal(frac.shape)
     pos = (pos @ np.linalg.inv(cell) % 1.0) @ cell  # wrapped, as the runtime keeps them
@@ -99,7 +126,7 @@ def lr_batch(system: str, shift: float = 0.0) -> Batch:
     )
     if system.startswith("nacl"):
         return assign_charges(batch, {11: 1.0, 17: -1.0})
-    # A random neutral liquid: charges drawn per atom, shifted to sum to zero.
+    # A random neutral liquid (or carbon): charges drawn per atom, shifted to sum to zero.
     q = torch.tensor(rng.uniform(-1.0, 1.0, size=n))
     return batch.replace(atom_extras={CHARGES: q - q.mean()})
 

@@ -21,6 +21,8 @@ from nvdd.spec import (
     SPEC_LJ_HALO,
     SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
+    SPEC_UMA_HALO,
+    AdapterRegistry,
     ScatterMode,
     StrategyKind,
     StrategyOptions,
@@ -36,7 +38,7 @@ def _mpnn(spec: Any) -> ReferenceMPNN:
 def _counted_forward(kind: str, case: str, preset: str) -> dict[str, Any]:
     """Rank function: one decomposed forward (forces folded), with its collectives counted."""
     fold = SPEC_MPNN_HALO.replace(options=StrategyOptions(scatter=ScatterMode.FOLD))
-    spec = {"fold": fold, "local": SPEC_MPNN_HALO, "lj": SPEC_LJ_HALO}[preset]
+    spec = {"fold": fold, "local": SPEC_MPNN_HALO, "uma": SPEC_UMA_HALO, "lj": SPEC_LJ_HALO}[preset]
     _, plan, padded = _model_and_rows(kind, case)
     model = _mpnn(spec) if kind == "mpnn" else make_model("lj")
     calls = {"all_to_all_single": 0, "all_reduce": 0}
@@ -86,6 +88,33 @@ def test_mpnn_scatter_mode_selects_fold_or_refresh_per_layer() -> None:
     assert {g["calls"]["all_to_all_single"] for g in fold} == {8}
     assert {g["calls"]["all_to_all_single"] for g in local} == {2}
     assert {g["calls"]["all_reduce"] for g in fold + local} == {1}
+
+
+@pytest.mark.gloo
+def test_uma_preset_refreshes_per_layer_and_its_adapter_is_optional() -> None:
+    """SPEC_UMA_HALO drives the MPNN like SPEC_MPNN_HALO (owned receivers, one
+    refresh per layer but the last, each way: 2 exchanges, not FOLD's 8), and its
+    one addition, the fairchem graph-parallel switch, is optional: without fairchem
+    it is reported as not applied and nothing fails (that it switches fairchem's
+    mode off under DomainParallel: integration_tests/test_it_conformance.py)."""
+    case = "triclinic-3"
+    uma = run_ranks(_counted_forward, CASES[case][0], "mpnn", case, "uma", timeout_s=120)
+    ref = _mpnn(SPEC_UMA_HALO)(global_batch(case, "mpnn"))
+    assert_close_by_id(
+        torch.cat([g["ids"] for g in uma]),
+        torch.cat([g["forces"] for g in uma]),
+        global_batch(case, "mpnn").atom_ids,
+        ref["forces"],
+        atol=1e-10,
+        what="forces",
+    )
+    assert {g["calls"]["all_to_all_single"] for g in uma} == {2}
+    (adapter,) = SPEC_UMA_HALO.adapters()
+    assert adapter.optional and adapter.target == "fairchem.core.common.gp_utils:initialized"
+    registry = AdapterRegistry(SPEC_UMA_HALO.adapters())
+    with registry:
+        (status,) = registry.statuses
+        assert not status.applied and "fairchem" in str(status.error)
 
 
 @pytest.mark.gloo

@@ -6,6 +6,8 @@
 - The conformance kit a model author runs on their own model:
   :func:`assert_dd_equivalent` (needs ``nvdd-testing[conformance]``, i.e.
   nvdd-dynamics) and :func:`boundary_variant`.
+- :func:`importorskip_extra`: ``pytest.importorskip`` that fails instead of
+  skipping under ``NVDD_REQUIRE_EXTRAS=1`` (CI sessions that install the extras).
 """
 
 from nvdd.testing.__about__ import __version__
@@ -16,6 +18,7 @@ from nvdd.testing._conformance import (
     DDTolerances,
     assert_dd_equivalent,
 )
+from nvdd.testing._extras import REQUIRE_EXTRAS_ENV, importorskip_extra
 from nvdd.testing._fake_device import (
     FAKE_DEVICE,
     DeviceMixingError,
@@ -38,6 +41,7 @@ from nvdd.testing._systems import boundary_variant
 __all__ = [
     "FAKE_DEVICE",
     "DeviceMixingError",
+    "REQUIRE_EXTRAS_ENV",
     "FakeDeviceTensor",
     "TOLERANCES",
     "CaseResult",
@@ -55,6 +59,7 @@ __all__ = [
     "record_host_syncs",
     "boundary_variant",
     "gather_by_id",
+    "importorskip_extra",
     "run_ranks",
     "to_fake",
     "tolerance_for",
