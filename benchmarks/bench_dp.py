@@ -104,7 +104,12 @@ def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
         cfg = MPNNConfig(cutoff=CUTOFF["mpnn"], species=(18,), hidden=32, n_layers=2, skin=SKIN)
         return ReferenceMPNN(cfg, dtype=dtype, device=device)
     config = LJConfig(
-        cutoff=8.5, epsilon=AR_EPSILON, sigma=AR_SIGMA, skin=SKIN, half_list=half_list
+        cutoff=8.5,
+        epsilon=AR_EPSILON,
+        sigma=AR_SIGMA,
+        skin=SKIN,
+        half_list=half_list,
+        atom_virials=os.environ.get(ATOM_VIRIALS_ENV) == "1",
     )
     model = LennardJones(config).to(device=device, dtype=dtype)
     per_cutoff = os.environ.get(CELLS_PER_CUTOFF_ENV)
@@ -137,6 +142,8 @@ ROW_ORDER_ENV = "NVDD_BENCH_ROW_ORDER"
 WAIT_BUILDS_ENV = "NVDD_BENCH_WAIT_BUILDS"
 #: Cells per search radius of the LJ model's device list (unset: the model's own).
 CELLS_PER_CUTOFF_ENV = "NVDD_BENCH_CELLS_PER_CUTOFF"
+#: "1": Lennard-Jones also returns per-atom virials (``LJConfig.atom_virials``).
+ATOM_VIRIALS_ENV = "NVDD_BENCH_ATOM_VIRIALS"
 
 
 def _sync(device: str) -> None:

@@ -31,6 +31,7 @@
 #        rows only, legs alternated),
 #        h1fireab (FIRE on the host against FIRE on the device, captured and eager),
 #        h1ljab (the LJ step of .ab_base against this tree, alternated),
+#        h1virials (the cost of LJConfig(atom_virials=True), legs alternated),
 #        h1npttests / h1nptab (NPT on the device: GPU tests; the integrators' step
 #        times against the commit before, NPT on the host, in one call),
 #        or a benchmark name.
@@ -436,6 +437,22 @@ h1ljab)
       --steps 100 --warmup 20 --worlds 1 2>&1 | quiet | grep -E "^(raw|DomainParallel|peer|LJ argon|neighbour)"
   }
   tree_legs "LJ argon, peer / raw / DomainParallel on one GPU" "32 63" lj_leg
+  ;;
+h1virials)
+  # what LJConfig(atom_virials=True) costs the raw LJ step (and the DD step on one
+  # GPU), legs alternated off / on, and the Warp variant kernel's GPU tests
+  step "GPU tests of the per-atom virials"
+  timeout 120 python3 -m pytest -p nvdd.testing.plugin -q --require-gpu -p no:cacheprovider \
+    packages/nvdd-models/tests/test_models_lj_virials.py -k each_device 2>&1 | tail -3
+  for cells in 63 32; do
+    for leg in off on off on; do
+      step "LJ argon cells=$cells, atom virials $leg"
+      if [ "$leg" = on ]; then v=1; else v=0; fi
+      NVDD_BENCH_ATOM_VIRIALS=$v timeout 120 python3 benchmarks/bench_dp.py --device cuda \
+        --cells $cells --dtype float32 float64 --steps 100 --warmup 20 --worlds 1 --no-peer \
+        2>&1 | quiet | grep -E "^(raw|DomainParallel|LJ argon)"
+    done
+  done
   ;;
 x2big)
   step "largest LJ fp32 under DomainParallel on 2 GPUs (doubling until OOM)"

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from models_testutils import ghost_layout, image_ranges, jittered_lattice, make_batch
+from models_testutils import DEVICES, ghost_layout, image_ranges, jittered_lattice, make_batch
 
 from nvdd.core import Batch, ConfigurationError
 from nvdd.models import ForceMode, LennardJones, LJBackend, LJConfig
@@ -95,6 +95,29 @@ def test_atom_virials_equal_a_brute_force_and_sum_to_the_virial(
     # the same relation to the stress as the system values: stress = -sum(W) / V
     volume = abs(float(torch.linalg.det(b.cell[0])))
     torch.testing.assert_close(-w.sum(0) / volume, out["stress"][0], rtol=0, atol=1e-12 * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_warp_atom_virials_on_each_device_and_dtype(
+    device: str, half: bool, dtype: torch.dtype
+) -> None:
+    """The Warp variant kernel (its own module) on every device and float type,
+    against the float64 brute force: 1e-12 of the scale in float64, 1e-5 in float32."""
+    b = _batch("triclinic", seed=4)
+    ref = torch.from_numpy(_brute_atom_virials(b, 2.5))
+    scale = float(ref.abs().max())
+    assert scale > 1.0
+    moved = b.replace(positions=b.positions.to(dtype), cell=b.cell.to(dtype)).to(device)
+    out = _model("warp", half, ForceMode.DIRECT).to(device)(moved)
+    w = out["atom_virials"]
+    assert w.device.type == device and w.dtype == dtype
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(w.double().cpu(), ref, rtol=0, atol=tol * scale)
+    torch.testing.assert_close(
+        w.sum(0).double().cpu(), out["virial"][0].double().cpu(), rtol=0, atol=tol * scale
+    )
 
 
 @pytest.mark.parametrize(("backend", "half", "mode"), _PATHS, ids=_IDS)
