@@ -131,6 +131,18 @@ def pair_update(
 
 
 @wp.func
+def add_voigt(virial: wp.array2d(dtype=Any), row: wp.int32, m: Any):
+    """Atomically add the symmetric 3x3 ``m`` to ``virial[row]`` in Voigt order
+    ``(xx, yy, zz, yz, xz, xy)``."""
+    wp.atomic_add(virial, row, 0, m[0, 0])
+    wp.atomic_add(virial, row, 1, m[1, 1])
+    wp.atomic_add(virial, row, 2, m[2, 2])
+    wp.atomic_add(virial, row, 3, m[1, 2])
+    wp.atomic_add(virial, row, 4, m[0, 2])
+    wp.atomic_add(virial, row, 5, m[0, 1])
+
+
+@wp.func
 def pair_update_atom(
     j: wp.int32,
     r: Any,
@@ -166,12 +178,7 @@ def pair_update_atom(
     share = (type(e)(0.5) * g) * wp.outer(r, r)
     vir = vir + own_i * share
     if half != 0 and j < n_recv:
-        wp.atomic_add(virial, j, 0, share[0, 0])
-        wp.atomic_add(virial, j, 1, share[1, 1])
-        wp.atomic_add(virial, j, 2, share[2, 2])
-        wp.atomic_add(virial, j, 3, share[1, 2])
-        wp.atomic_add(virial, j, 4, share[0, 2])
-        wp.atomic_add(virial, j, 5, share[0, 1])
+        add_voigt(virial, j, share)
     return f, e, vir
 
 
@@ -318,12 +325,7 @@ def _make_lj_kernel(atom_virials: bool):
             energies[i] = e
         if wp.static(atom_virials):
             if half != 0:  # other rows add their shares to row i too
-                wp.atomic_add(virial, i, 0, vir[0, 0])
-                wp.atomic_add(virial, i, 1, vir[1, 1])
-                wp.atomic_add(virial, i, 2, vir[2, 2])
-                wp.atomic_add(virial, i, 3, vir[1, 2])
-                wp.atomic_add(virial, i, 4, vir[0, 2])
-                wp.atomic_add(virial, i, 5, vir[0, 1])
+                add_voigt(virial, wp.int32(i), vir)
             else:
                 virial[i, 0] = vir[0, 0]
                 virial[i, 1] = vir[1, 1]
