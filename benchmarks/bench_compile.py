@@ -40,8 +40,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 CUTOFF = {"lj": 8.5, "mpnn": 5.0}
 
 
-def _model(name: str, device: str, dtype: torch.dtype, neighbors: str = "auto") -> Any:
-    from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+def _model(
+    name: str, device: str, dtype: torch.dtype, neighbors: str = "auto", lj_backend: str = "auto"
+) -> Any:
+    from nvdd.models import LennardJones, LJBackend, LJConfig, MPNNConfig, ReferenceMPNN
 
     if name == "mpnn":
         cfg = MPNNConfig(
@@ -49,7 +51,9 @@ def _model(name: str, device: str, dtype: torch.dtype, neighbors: str = "auto") 
             neighbors=neighbors,
         )  # fmt: skip
         return ReferenceMPNN(cfg, dtype=dtype, device=device)
-    lj = LJConfig(cutoff=CUTOFF["lj"], epsilon=0.0104, sigma=3.40, skin=1.0)
+    lj = LJConfig(
+        cutoff=CUTOFF["lj"], epsilon=0.0104, sigma=3.40, skin=1.0, backend=LJBackend(lj_backend)
+    )
     return LennardJones(lj).to(device=device, dtype=dtype)
 
 
@@ -69,7 +73,9 @@ def _setup(args: dict[str, Any], device: str, compiled: bool) -> tuple[Any, Any]
     dtype = getattr(torch, args["dtype"])
     cells = args["cells"] if dist.get_rank() == 0 else 1
     batch = argon_box(cells, dtype=dtype, temperature_K=args["temperature"], seed=0).to(device)
-    model = _model(args["model"], device, dtype, args.get("neighbors", "auto"))
+    model = _model(
+        args["model"], device, dtype, args.get("neighbors", "auto"), args.get("lj_backend", "auto")
+    )
     strategy = StrategyKind(args["strategy"])
     policy = CompilePolicy(
         enabled=compiled,
@@ -186,6 +192,12 @@ def main() -> None:
         default="auto",
         choices=["auto", "device", "verlet"],
         help="MPNNConfig.neighbors (device: capturable steps; verlet: the host-compacted list)",
+    )
+    p.add_argument(
+        "--lj-backend",
+        choices=["auto", "torch", "warp"],
+        default="auto",
+        help="LJConfig.backend (the Warp path compiles nothing; torch compiles its torch path)",
     )
     p.add_argument("--json", default=None)
     a = p.parse_args()
