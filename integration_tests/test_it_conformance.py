@@ -39,6 +39,7 @@ from nvdd.spec import (
     DistributionSpec,
     MLIPSpec,
     ScatterMode,
+    StrategyKind,
     StrategyOptions,
 )
 from nvdd.testing import ConformanceError, assert_dd_equivalent
@@ -74,6 +75,48 @@ def test_mace_passes_the_kit() -> None:
     report = assert_dd_equivalent(mace_model(), oxide((5, 4, 4)), ranks=(2, 3), steps=8, dt_fs=0.5)
     assert report.passed and len(report.cases) == 8
     assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+
+
+@pytest.mark.parametrize("which", ["mpnn", "mace"])
+def test_graph_partition_models_pass_the_kit(which: str) -> None:
+    """The kit under ``strategy=GRAPH_PARTITION`` (issue 16): the MPNN and MACE with
+    their GP specs, periodic (ghosts counted through the nearest image) and open."""
+    if which == "mpnn":
+        model, batch, ranks, steps = mpnn_model(2), crystal("periodic", species=(18, 36)), (2, 3), 6
+    else:
+        model, batch, ranks, steps = mace_model(), oxide((5, 4, 4)), (2,), 4
+    report = assert_dd_equivalent(
+        model,
+        batch,
+        ranks=ranks,
+        steps=steps,
+        dt_fs=0.5,
+        systems=("periodic", "open"),
+        strategy=StrategyKind.GRAPH_PARTITION,
+    )
+    assert report.passed and len(report.cases) == 2 * len(ranks)
+    assert "_GP" in report.spec  # the model's graph-partition spec was the one run
+    assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+
+
+def test_the_kit_rejects_mace_under_graph_partition_without_its_refresh() -> None:
+    model = mace_model()
+    gp = model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    broken = gp.replace(
+        distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION), name="GP, no refresh"
+    )
+    with pytest.raises(ConformanceError) as info:
+        assert_dd_equivalent(
+            model,
+            oxide((5, 4, 4)),
+            ranks=(2,),
+            steps=1,
+            systems=("periodic",),
+            spec=broken,
+            strategy=StrategyKind.GRAPH_PARTITION,
+        )
+    text = str(info.value)
+    assert "forces differ by" in text and "the decomposed run raised" not in text
 
 
 def _without_adapters(spec: MLIPSpec) -> MLIPSpec:

@@ -159,6 +159,7 @@ def _dd_rank(
     skin: float,
     steps: int,
     dt_fs: float,
+    strategy: Any = None,
 ) -> list[dict[str, Any]]:
     """Rank body: every case through ``DomainParallel``; rank 0 returns the states.
 
@@ -168,7 +169,7 @@ def _dd_rank(
     out: list[dict[str, Any]] = []
     for _, batch in cases:
         dyn = dyn_mod.VelocityVerlet(model, batch.clone(), dt_fs=dt_fs)
-        config = dyn_mod.DomainConfig(cutoff=float(model.cutoff), skin=skin)
+        config = dyn_mod.DomainConfig(cutoff=float(model.cutoff), skin=skin, strategy=strategy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # small systems: degenerate partitions
             with dyn_mod.DomainParallel(dyn, config, spec=spec) as dp:
@@ -185,13 +186,26 @@ def _dd_rank(
 
 def _halo_pairs(dp: Any, cutoff: float) -> tuple[int, int]:
     """``(ghost atoms, owned-ghost pairs within the cutoff)`` of this rank's halo: the
-    pairs whose interaction crosses a rank boundary (what a wrong spec gets wrong)."""
+    pairs whose interaction crosses a rank boundary (what a wrong spec gets wrong).
+
+    Halo ghosts are explicit images (plain distances); graph-partition ghosts sit
+    at their own positions in the real cell, so their distances are taken to the
+    nearest periodic image (a lower bound on the pairs where an atom meets
+    several images of one ghost: enough for "at least one pair crosses")."""
     plan = dp.model.plan
     local = dp.sharded.local_batch
     ghost = plan.ghost_positions(local.positions, local.cell)
     if ghost.shape[0] == 0 or local.n_atoms == 0:
         return int(ghost.shape[0]), 0
-    pairs = int((torch.cdist(local.positions.double(), ghost.double()) < cutoff).sum())
+    x, g = local.positions.double(), ghost.double()
+    if getattr(plan, "explicit_images", True) or not bool(local.pbc.any()):
+        pairs = int((torch.cdist(x, g) < cutoff).sum())
+        return int(ghost.shape[0]), pairs
+    cell = local.cell[0].double()  # a single system: the kit's variants have one
+    periodic = local.pbc[0].to(torch.float64)
+    frac = (g[None, :, :] - x[:, None, :]) @ torch.linalg.inv(cell)
+    frac = frac - torch.round(frac) * periodic
+    pairs = int((torch.linalg.vector_norm(frac @ cell, dim=-1) < cutoff).sum())
     return int(ghost.shape[0]), pairs
 
 
@@ -301,6 +315,7 @@ def assert_dd_equivalent(
     tolerances: DDTolerances | None = None,
     temperature_K: float = 300.0,
     timeout_s: float = 900.0,
+    strategy: Any = None,
 ) -> ConformanceReport:
     """Check that ``model`` under domain decomposition equals ``model`` on one process.
 
@@ -331,11 +346,16 @@ def assert_dd_equivalent(
     dt_fs, skin:
         Time step and Verlet skin of the decomposition.
     spec:
-        Validate this spec instead of ``model.distribution_spec()``.
+        Validate this spec instead of ``model.distribution_spec(strategy)``.
     tolerances:
         Default :meth:`DDTolerances.for_dtype` of the batch.
     timeout_s:
         Per world size; ranks still running then are killed.
+    strategy:
+        An ``nvdd.spec.StrategyKind`` (default ``HALO``): run the decomposition
+        with ``DomainConfig(strategy=...)`` and the model's spec for it, e.g.
+        ``StrategyKind.GRAPH_PARTITION`` for a model that opts in to graph
+        partition.
 
     Returns
     -------
@@ -363,14 +383,26 @@ def assert_dd_equivalent(
     if isinstance(model, torch.nn.Module):
         model.to("cpu")  # the kit's ranks are CPU processes
     tol = tolerances if tolerances is not None else DDTolerances.for_dtype(batch.dtype)
-    in_use = spec if spec is not None else model.distribution_spec()
+    from nvdd.spec import StrategyKind
+
+    kind = StrategyKind.HALO if strategy is None else StrategyKind(strategy)
+    in_use = spec if spec is not None else model.distribution_spec(kind)
     cases = variants(batch.to("cpu"), systems, temperature_K)
     report = ConformanceReport(spec=dyn_mod.describe_spec(in_use), steps=steps)
     refs = [_reference(model, b, steps, dt_fs) for _, b in cases]
     for world in ranks:
         try:
             got = run_ranks(
-                _dd_rank, world, model, cases, spec, skin, steps, dt_fs, timeout_s=timeout_s
+                _dd_rank,
+                world,
+                model,
+                cases,
+                spec,
+                skin,
+                steps,
+                dt_fs,
+                kind,
+                timeout_s=timeout_s,
             )[0]
         except RankFailedError as exc:
             last = str(exc).strip().splitlines()[-1]
