@@ -130,3 +130,39 @@ def skin_zero_steps(batch: Batch, n_steps: int) -> list[tuple[torch.Tensor, ...]
                 if g is not None:
                     out.append((g.atom_ids, g.positions, g.forces, g.energy))
     return out or None
+
+
+def pair_at_the_ghost_width() -> Batch:
+    """One pair across the periodic face of a 2-box cut along x: B at
+    ``x = L - ulp(L)`` (box 1), A at ``x = B - L + rc - 2 ulp`` (box 0), so A's image
+    is a ghost of box 1 exactly at the ghost width at skin 0; two far atoms give
+    every box an owned atom."""
+    xb = _ulps(JUMP_L, -1)
+    rows = [[xb, 3.0, 3.0], [_ulps(xb - JUMP_L + JUMP_RC, -2), 3.0, 3.0]]
+    rows += [[7.0, 13.0, 13.0], [22.0, 13.0, 13.0]]
+    n = len(rows)
+    return Batch(
+        positions=torch.tensor(rows, dtype=torch.float64),
+        atomic_numbers=torch.full((n,), 18),
+        cell=torch.diag(torch.tensor([JUMP_L, 20.0, 20.0], dtype=torch.float64)),
+        pbc=[True] * 3,
+        velocities=torch.zeros(n, 3, dtype=torch.float64),
+        atom_ids=torch.arange(n, dtype=torch.int64),
+    )
+
+
+def pair_forces(skin: float) -> tuple[torch.Tensor, ...] | None:
+    """Rank body: the decomposed forces of :func:`pair_at_the_ghost_width` (grid
+    (2, 1, 1)); rank 0 returns ``(ids, positions, forces)``.
+
+    **Collective** over the default group.
+    """
+    dyn = VelocityVerlet(lj(JUMP_RC), pair_at_the_ghost_width(), dt_fs=1.0)
+    config = DomainConfig(cutoff=JUMP_RC, skin=skin, grid_dims=(2, 1, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a four-atom system is degenerate
+        with DomainParallel(dyn, config) as dp:
+            dp.partition()
+            dyn.ensure_forces()
+            g = dp.gather(0)
+    return None if g is None else (g.atom_ids, g.positions, g.forces)

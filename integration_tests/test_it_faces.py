@@ -23,6 +23,8 @@ from it_faces import (
     faces_and_a_jumper,
     fcc_with_atom_at,
     lj,
+    pair_at_the_ghost_width,
+    pair_forces,
     single_point,
     skin_zero_steps,
     two_atoms_across_a_cut,
@@ -95,3 +97,18 @@ def test_skin_zero_faces_and_an_atom_jumping_three_sub_domains() -> None:
     # the jumper went 36 A in one step: 14 -> 50, i.e. 20.9 after the wrap (box 1)
     x1 = float(steps[1][1][torch.argsort(steps[1][0])][6, 0])
     assert abs(x1 - (14.0 + 36.0 - JUMP_L)) < 1e-6, x1
+
+
+@pytest.mark.parametrize("skin", [0.0, 0.5])
+def test_a_ghost_exactly_at_the_ghost_width_across_the_face_keeps_its_pair(skin: float) -> None:
+    """Issue 17 item 2 with nothing but the pair: at skin 0 the image of A is a
+    ghost of B's box exactly at the ghost width. At 451ab6f the skin-0 case lost
+    half the pair force (5.96e-5 of 1.19e-4 eV/A) and skin 0.5 (the control) was
+    exact; both are exact now."""
+    ids, pos, forces = run_ranks(pair_forces, 2, skin, timeout_s=120)[0]
+    batch = pair_at_the_ghost_width()
+    order = torch.argsort(ids)
+    assert torch.equal(pos[order], batch.positions)  # the geometry is the one intended
+    ref = lj(JUMP_RC)(batch)["forces"].detach()
+    assert float(ref[:2].norm(dim=1).min()) > 1e-4  # the pair is inside the cutoff
+    assert_close_by_id(ids, forces, batch.atom_ids, ref, atol=1e-10, what=f"forces (skin {skin})")
