@@ -123,9 +123,10 @@ def batch_to_ase(batch: Batch) -> list[Atoms]:
         if per_atom is not None and per_atom.shape == (cpu.n_atoms,):
             results["energies"] = per_atom[rows].double().numpy()
         virials = cpu.atom_extras.get(_VIRIALS_KEY)
-        volume = abs(float(np.linalg.det(cpu.cell[s].double().numpy())))
-        if virials is not None and virials.shape == (cpu.n_atoms, 3, 3) and volume > 0:
-            results["stresses"] = _atom_stresses(virials[rows].double().numpy(), volume)
+        if virials is not None and virials.shape == (cpu.n_atoms, 3, 3):
+            volume = abs(float(np.linalg.det(cpu.cell[s].double().numpy())))
+            if volume > 0:
+                results["stresses"] = _atom_stresses(virials[rows].double().numpy(), volume)
         a.calc = SinglePointCalculator(a, **results)  # type: ignore[no-untyped-call]
         out.append(a)
     return out

@@ -116,10 +116,7 @@ def failure_note(exc: BaseException, *, wait_s: float = WAIT_FOR_CAUSE_S) -> str
         )
     silent = watch.silent()
     if silent:
-        return (
-            f"nvdd: rank {rank} failed in a collective; rank(s) {silent} stopped responding "
-            "without reporting an error (killed, out of memory, or crashed in native code)"
-        )
+        return f"nvdd: rank {rank} failed in a collective; {_silent_text(silent)}"
     return (
         f"nvdd: rank {rank} failed in a collective ({record['what']}); no rank reported an "
         "error of its own: see the launcher's report for a rank that died"
@@ -169,11 +166,15 @@ def termination_note() -> str | None:
         )
     silent = watch.silent()
     if silent:
-        return (
-            f"nvdd: rank {rank} was stopped by SIGTERM; rank(s) {silent} stopped responding "
-            "without reporting an error (killed, out of memory, or crashed in native code)"
-        )
+        return f"nvdd: rank {rank} was stopped by SIGTERM; {_silent_text(silent)}"
     return None
+
+
+def _silent_text(silent: list[int]) -> str:
+    return (
+        f"rank(s) {silent} stopped responding without reporting an error (killed, out of "
+        "memory, or crashed in native code)"
+    )
 
 
 def _causes(store: Any, world: int, me: int) -> dict[int, dict[str, Any]]:

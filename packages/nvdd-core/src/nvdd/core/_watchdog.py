@@ -401,10 +401,10 @@ class Watchdog:
         if reachable:  # the others, stopped by the launcher, name this as the cause
             from nvdd.core._failures import record_failure
 
-            silent = [ln for ln in message.splitlines() if ln.startswith("silent rank(s):")]
+            silent = self.holding_up(first, second)
             record_failure(
                 f"nvdd watchdog: no progress for {idle:.1f} s at {self._label!r}"
-                + (f"; {silent[0].rstrip('.')}" if silent else "")
+                + (f"; silent rank(s): {silent}" if silent else "")
             )
         try:
             if self._on_timeout is not None:
@@ -417,23 +417,18 @@ class Watchdog:
                 sys.stdout.flush()
             os._exit(WATCHDOG_EXIT_CODE)
 
-    def report(
-        self,
-        idle: float,
-        first: dict[int, RankProgress],
-        second: dict[int, RankProgress],
-    ) -> str:
-        """The report for two snapshots of :meth:`progress` taken a few intervals apart.
+    def holding_up(
+        self, first: dict[int, RankProgress], second: dict[int, RankProgress]
+    ) -> list[int]:
+        """The ranks :meth:`report` names as holding the job up (missing, not
+        responding, behind, or stuck outside the collective the others wait in)."""
+        missing, frozen, behind, stuck, _, _ = self._classify(first, second)
+        return sorted(set(missing) | set(frozen) | set(behind) | set(stuck))
 
-        Names the ranks that are missing (no entry), not responding (their pulse
-        did not advance between the snapshots) and behind (fewer beats than the
-        furthest rank).
-        """
-        me = self._rank
-        lines = [
-            f"nvdd watchdog: rank {me} made no progress for {idle:.1f} s "
-            f"(timeout {self.timeout_s:g} s) at {self._label!r} (beat {self._beats})."
-        ]
+    def _classify(
+        self, first: dict[int, RankProgress], second: dict[int, RankProgress]
+    ) -> tuple[list[int], list[int], list[int], list[int], dict[int, RankProgress], int]:
+        """``(missing, frozen, behind, stuck, seen, most)`` of two snapshots."""
         missing = [r for r in self._ranks if r not in second]
         frozen = [
             r
@@ -454,6 +449,26 @@ class Watchdog:
             # Same progress everywhere, but some ranks wait in a collective that the
             # others never entered: those others hold the job up.
             stuck = sorted(r for r in seen if r not in waiting)
+        return missing, frozen, behind, stuck, seen, most
+
+    def report(
+        self,
+        idle: float,
+        first: dict[int, RankProgress],
+        second: dict[int, RankProgress],
+    ) -> str:
+        """The report for two snapshots of :meth:`progress` taken a few intervals apart.
+
+        Names the ranks that are missing (no entry), not responding (their pulse
+        did not advance between the snapshots) and behind (fewer beats than the
+        furthest rank).
+        """
+        me = self._rank
+        lines = [
+            f"nvdd watchdog: rank {me} made no progress for {idle:.1f} s "
+            f"(timeout {self.timeout_s:g} s) at {self._label!r} (beat {self._beats})."
+        ]
+        missing, frozen, behind, stuck, seen, most = self._classify(first, second)
         for r in missing:
             lines.append(f"  rank {r}: missing: it never published (not started, or dead)")
         for r in frozen:

@@ -323,17 +323,12 @@ def _make_lj_kernel(atom_virials: bool):
             forces[i, 1] = f[1]
             forces[i, 2] = f[2]
             energies[i] = e
-        if wp.static(atom_virials):
+        # (nested: wp.static is resolved at code generation, `half` at run time)
+        if wp.static(atom_virials):  # noqa: SIM102
             if half != 0:  # other rows add their shares to row i too
                 add_voigt(virial, wp.int32(i), vir)
-            else:
-                virial[i, 0] = vir[0, 0]
-                virial[i, 1] = vir[1, 1]
-                virial[i, 2] = vir[2, 2]
-                virial[i, 3] = vir[1, 2]
-                virial[i, 4] = vir[0, 2]
-                virial[i, 5] = vir[0, 1]
-        elif with_virial != 0:
+                return
+        if with_virial != 0:  # (always in the variant: its caller asks for the virial)
             virial[i, 0] = vir[0, 0]
             virial[i, 1] = vir[1, 1]
             virial[i, 2] = vir[2, 2]
