@@ -44,7 +44,7 @@ def _run(kind: str, model_name: str, dev: torch.device, strategy: str) -> dict[s
     model, cutoff = model_for(model_name)
     model = model.to(dev)
     batch = (_two_systems() if kind == "two" else crystal(kind, temperature_k=300.0)).to(dev)
-    if model_name == "lj":
+    if model_name.startswith("lj"):
         dyn: Any = Langevin(
             model, batch, dt_fs=4.0, temperature_K=300.0, friction_per_fs=0.01, seed=5
         )
@@ -95,6 +95,7 @@ def _run(kind: str, model_name: str, dev: torch.device, strategy: str) -> dict[s
             energy=final.energy.cpu(),
             stress=final.stress.cpu(),
             device=final.positions.device.type,
+            extras={k: v.cpu() for k, v in final.atom_extras.items()},
         )
     return out
 

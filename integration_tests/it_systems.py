@@ -80,10 +80,18 @@ def crystal(
     return b.replace(velocities=_velocities(n_atoms, b.masses, temperature_k, g))
 
 
-def lj_model(dtype: torch.dtype = torch.float64, backend: str = "auto") -> LennardJones:
-    """Argon LJ; ``backend="torch"`` for the torch path (what ``compile=True`` compiles)."""
+def lj_model(
+    dtype: torch.dtype = torch.float64, backend: str = "auto", atom_virials: bool = False
+) -> LennardJones:
+    """Argon LJ; ``backend="torch"`` for the torch path (what ``compile=True`` compiles);
+    ``atom_virials``: per-atom virials too."""
     config = LJConfig(
-        cutoff=LJ_CUTOFF, epsilon=0.0104, sigma=3.40, skin=0.5, backend=LJBackend(backend)
+        cutoff=LJ_CUTOFF,
+        epsilon=0.0104,
+        sigma=3.40,
+        skin=0.5,
+        backend=LJBackend(backend),
+        atom_virials=atom_virials,
     )
     return LennardJones(config).to(dtype)
 
@@ -107,15 +115,16 @@ def mpnn_model(
 def model_for(
     name: str, dtype: torch.dtype = torch.float64, device: Any = "cpu"
 ) -> tuple[torch.nn.Module, float]:
-    """(model, cutoff) by name: ``lj``, ``mpnn2``, ``mpnn3``, ``mace``,
+    """(model, cutoff) by name: ``lj``, ``lj-virials`` (per-atom virials too),
+    ``mpnn2``, ``mpnn3``, ``mace``,
     ``mace-cueq`` (cuEquivariance kernels, built on ``device``: CUDA); a
     ``-device`` suffix gives the MPNN its device edges (``neighbors="device"``)."""
     if name == "mace":
         return mace_model(), MACE_R_MAX
     if name == "mace-cueq":
         return mace_model(dtype=dtype, device=device, cueq=True), MACE_R_MAX
-    if name == "lj":
-        return lj_model(), LJ_CUTOFF
+    if name in ("lj", "lj-virials"):
+        return lj_model(atom_virials=name == "lj-virials"), LJ_CUTOFF
     base, _, edges = name.partition("-")
     return mpnn_model(int(base[-1]), neighbors=edges or "auto"), MPNN_CUTOFF
 

@@ -24,6 +24,7 @@ CASES = [
     (2, "slab", "lj", "halo"),
     (2, "cluster", "lj", "halo"),
     (2, "two", "lj", "halo"),
+    (2, "triclinic", "lj-virials", "halo"),  # per-atom (n, 3, 3) extras migrate too
     (2, "periodic", "mpnn2", "halo"),
     (2, "periodic", "mpnn3-device", "halo"),  # the device edges, a middle layer
     (1, "two", "mpnn2-device", "halo"),  # ... on the whole batch (one rank)
@@ -57,6 +58,10 @@ def test_dd_run_on_a_device_equals_the_cpu_run(
     assert torch.equal(cpu["ids"], fake["ids"])
     for key in ("positions", "forces", "energy", "stress"):
         torch.testing.assert_close(fake[key], cpu[key], rtol=1e-12, atol=1e-12, msg=key)
+    assert fake["extras"].keys() == cpu["extras"].keys()
+    assert ("atom_virials" in cpu["extras"]) == (model == "lj-virials")
+    for key, value in cpu["extras"].items():
+        torch.testing.assert_close(fake["extras"][key], value, rtol=1e-12, atol=1e-12, msg=key)
 
 
 def test_a_steady_dd_step_makes_the_device_wait_once() -> None:
