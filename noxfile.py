@@ -10,6 +10,7 @@ is written twice. Sessions:
 - ``integration`` integration_tests/ over gloo with everything installed
 - ``check``       per package: typecheck then tests in one environment (used by ``ci``)
 - ``ci``          the README's test command: deps, lint, check of every package, integration
+- ``docs``        the docs site (MkDocs, strict: warnings, broken links, undocumented API fail)
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
 - ``multigpu``    the integration suite over NCCL on >= 2 GPUs (fails with fewer)
@@ -244,6 +245,18 @@ def ci(session: nox.Session) -> None:
         session.notify(f"check({name})")
     if any((ROOT / "integration_tests").glob("test_*.py")):
         session.notify("integration")
+    session.notify("docs")
+
+
+@nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    """The docs site into site/: MkDocs + mkdocstrings, read statically (no torch, no
+    nvdd install). Strict: a warning, a broken internal link or anchor, or a public
+    name without a docstring fails."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    session.install(*groups["docs"])
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    session.run("mkdocs", "build", "--strict", "--clean", *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)

@@ -12,6 +12,7 @@ from nvdd.core._errors import ValidationError
 
 __all__ = ["ATOMIC_MASSES", "masses_for"]
 
+#: Standard atomic masses (amu) by atomic number ``Z``; index 0 (1.0) is for dummy atoms.
 ATOMIC_MASSES: tuple[float, ...] = (
     1.0,
     1.008,
