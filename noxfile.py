@@ -252,10 +252,12 @@ def ci(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The docs site into site/: MkDocs + mkdocstrings, read statically (no torch, no
     nvdd install). Strict: a warning, a broken internal link or anchor, or a public
-    name without a docstring fails."""
+    name without a docstring fails; so does a benchmarks page that differs from
+    the result files in benchmarks/results/ (``benchmarks/render.py --check``)."""
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     session.install(*groups["docs"])
     session.env["NO_MKDOCS_2_WARNING"] = "1"
+    session.run("python", "benchmarks/render.py", "--check")
     session.run("mkdocs", "build", "--strict", "--clean", *session.posargs)
 
 
