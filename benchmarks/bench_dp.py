@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import json
 import math
 import os
@@ -63,9 +62,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks import harness
 
-AR_LATTICE, AR_EPSILON, AR_SIGMA, AR_MASS = 5.26, 0.0104, 3.40, 39.948
-KB_EV_PER_K = 8.617333262e-5
+AR_LATTICE, AR_EPSILON, AR_SIGMA, AR_MASS = (
+    harness.AR_LATTICE,
+    harness.AR_EPSILON,
+    harness.AR_SIGMA,
+    harness.AR_MASS,
+)
+KB_EV_PER_K = harness.KB_EV_PER_K
 ASE_TIME_PER_FS = 1.0 / 10.180505710774743  # 1 fs in ASE time units (sqrt(amu A^2 / eV))
 MODEL = "lj"
 CUTOFF = {"lj": 8.5, "mpnn": 5.0}
@@ -74,27 +79,7 @@ DT_FS, SKIN, PEER_EVERY = 4.0, 1.0, 10
 
 def _system(cells: int, device: str, dtype: torch.dtype) -> Any:
     """FCC argon at 90 K, built on ``device`` (the peer script's atom order)."""
-    from nvdd.core import Batch
-
-    basis = torch.tensor(
-        [[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=dtype, device=device
-    )
-    g = torch.arange(cells, dtype=dtype, device=device)
-    grid = torch.stack(torch.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 1, 3)
-    positions = ((grid + basis[None]) * AR_LATTICE).reshape(-1, 3)
-    n = positions.shape[0]
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    scale = math.sqrt(KB_EV_PER_K * 90.0 / AR_MASS)
-    v = (torch.randn(n, 3, generator=gen, dtype=dtype) * scale).to(device)
-    v -= v.mean(dim=0)
-    return Batch(
-        positions=positions,
-        atomic_numbers=torch.full((n,), 18, device=device),
-        masses=torch.full((n,), AR_MASS, dtype=dtype, device=device),
-        velocities=v,
-        cell=torch.eye(3, dtype=dtype, device=device) * cells * AR_LATTICE,
-        pbc=torch.ones(1, 3, dtype=torch.bool, device=device),
-    )
+    return harness.argon_fcc(cells, device=device, dtype=dtype, temperature_K=90.0)
 
 
 def _model(device: str, dtype: torch.dtype, half_list: bool = True) -> Any:
@@ -146,20 +131,7 @@ CELLS_PER_CUTOFF_ENV = "NVDD_BENCH_CELLS_PER_CUTOFF"
 ATOM_VIRIALS_ENV = "NVDD_BENCH_ATOM_VIRIALS"
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _reset_memory(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _peak(device: str) -> int:
-    return torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+_sync, _reset_memory, _peak = harness.sync, harness.reset_memory, harness.peak_bytes
 
 
 # --------------------------------------------------------------------- peer

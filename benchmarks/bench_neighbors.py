@@ -17,12 +17,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks import harness
 
 
 def moved_positions(positions: torch.Tensor, repeats: int) -> list[torch.Tensor]:
@@ -36,14 +37,17 @@ def moved_positions(positions: torch.Tensor, repeats: int) -> list[torch.Tensor]
     return [positions + n.to(positions.device) for n in noise]
 
 
-def timed(fn: Any, first: torch.Tensor, moved: list[torch.Tensor], sync: Any) -> float:
+def timed(fn: Any, first: torch.Tensor, moved: list[torch.Tensor], device: str) -> float:
+    """ms per call of ``fn`` over ``moved`` (after one call on ``first``), timed by
+    the shared harness between two device synchronisations."""
     fn(first)
-    sync()
-    t0 = time.perf_counter()
-    for pos in moved:
-        fn(pos)
-    sync()
-    return 1000 * (time.perf_counter() - t0) / len(moved)
+    queue = iter(moved)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            fn(next(queue))
+
+    return harness.time_steps(run, len(moved), 0, device)
 
 
 def legs(
@@ -54,7 +58,6 @@ def legs(
     from nvdd.models._device_neighbors import DeviceVerletList
 
     dtype = getattr(torch, dtype_name)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     batch = _system(cells, device, dtype)
     moved = moved_positions(batch.positions, repeats)
     out: dict[str, Any] = {
@@ -72,13 +75,13 @@ def legs(
             return s(pos, batch.cell, batch.pbc, batch.system_index)
 
         name = f"nvdd_c{k}{'_rows' if rows else ''}"
-        out[name + "_ms"] = timed(call, batch.positions, moved, sync)
+        out[name + "_ms"] = timed(call, batch.positions, moved, device)
         m = call(moved[-1])  # (reused: the same positions)
         counts[name] = int(m.counts.clamp(min=0).sum())
     out["pairs_equal"] = len(set(counts.values())) == 1
     peer = peer_build(batch, device)
     if peer is not None:
-        out["peer_ms"] = timed(peer, batch.positions, moved, sync)
+        out["peer_ms"] = timed(peer, batch.positions, moved, device)
     return out
 
 

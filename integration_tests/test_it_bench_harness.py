@@ -1,0 +1,60 @@
+"""The benchmark harness on CPU: a suite at --quick sizes, alone and as an A/B of
+two source trees alternated in one run, writes result files the page renderer
+reads (command, commit, machine and versions inside)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import harness, render, suite  # noqa: E402  (the repository root)
+
+
+def test_time_steps_warms_up_then_times_the_steps() -> None:
+    calls: list[int] = []
+    ms = harness.time_steps(calls.append, steps=4, warmup=2, device="cpu")
+    assert calls == [2, 4]
+    assert ms >= 0.0
+    with pytest.raises(ValueError, match="steps must be > 0"):
+        harness.time_steps(calls.append, steps=0, warmup=0, device="cpu")
+
+
+def test_argon_fcc_is_the_lattice_at_rest_on_average() -> None:
+    batch = harness.argon_fcc(2)
+    assert batch.n_atoms == 32
+    assert float(batch.velocities.mean(dim=0).abs().max()) < 1e-15
+    assert float(batch.cell[0, 0, 0]) == pytest.approx(2 * harness.AR_LATTICE)
+
+
+def test_a_result_file_carries_its_provenance(tmp_path: Path) -> None:
+    path = harness.write_result(
+        "unit",
+        title="t",
+        command="python benchmarks/x.py",
+        rows=[{"ms_per_step": math.nan, "atoms": 4}],
+        benchmark="x.py",
+        out_dir=tmp_path,
+    )
+    doc = json.loads(path.read_text())
+    assert doc["rows"] == [{"ms_per_step": None, "atoms": 4}]
+    assert doc["commit"] and doc["machine"]["cpu_cores"] and doc["versions"]["torch"]
+    assert render.load_results(tmp_path)["unit"]["command"] == "python benchmarks/x.py"
+
+
+def test_a_quick_suite_alternates_two_trees_in_one_run(tmp_path: Path) -> None:
+    (path,) = suite.run_suite("neighbors", quick=True, ab="HEAD", rounds=1, out_dir=tmp_path)
+    doc = json.loads(path.read_text())
+    assert path.name == "neighbors-row-order-ab-quick.json"
+    assert doc["base_commit"] == "HEAD"
+    assert [(r["leg"], r["round"]) for r in doc["rows"]] == [("base", 0), ("new", 0)]
+    for row in doc["rows"]:
+        assert row["atoms"] == 108
+        assert row["nvdd_c1_ms"] > 0 and row["pairs_equal"] is True
+    assert "--cells 3" in doc["command"]
