@@ -214,36 +214,31 @@ def halo_captured(doc: dict[str, Any]) -> str:
     )
 
 
+def _build_table(doc: dict[str, Any], columns: dict[str, str]) -> str:
+    """Neighbour-build rows: atoms, dtype, one ms column per ``columns`` entry."""
+    body = [
+        [atoms(r["atoms"]), short(r["dtype"])]
+        + [num(r[key]) for key in columns.values()]
+        + ["yes" if r.get("pairs_equal") else "no"]
+        for r in doc["rows"]
+    ]
+    head = ["atoms", "dtype", *columns, "same pairs"]
+    return table(head, body, [True, False] + [True] * len(columns) + [False])
+
+
 def neighbor_builds(cells_doc: dict[str, Any], rows_doc: dict[str, Any]) -> str:
-    body = []
-    for r in cells_doc["rows"]:
-        body.append(
-            [
-                atoms(r["atoms"]),
-                short(r["dtype"]),
-                num(r["nvdd_c1_ms"]),
-                num(r["nvdd_c2_ms"]),
-                num(r["nvdd_c3_ms"]),
-                num(r["peer_ms"]),
-                "yes" if r.get("pairs_equal") else "no",
-            ]
-        )
-    head = ["atoms", "dtype", "1 cell / radius", "2 cells", "3 cells", "peer", "same pairs"]
-    first = table(head, body, [True, False, True, True, True, True, False])
-    body = []
-    for r in rows_doc["rows"]:
-        body.append(
-            [
-                atoms(r["atoms"]),
-                short(r["dtype"]),
-                num(r["nvdd_c1_ms"]),
-                num(r["nvdd_c1_rows_ms"]),
-                num(r["peer_ms"]),
-                "yes" if r.get("pairs_equal") else "no",
-            ]
-        )
-    head = ["atoms", "dtype", "cell order", "row order", "peer", "same pairs"]
-    second = table(head, body, [True, False, True, True, True, False])
+    first = _build_table(
+        cells_doc,
+        {
+            "1 cell / radius": "nvdd_c1_ms",
+            "2 cells": "nvdd_c2_ms",
+            "3 cells": "nvdd_c3_ms",
+            "peer": "peer_ms",
+        },
+    )
+    second = _build_table(
+        rows_doc, {"cell order": "nvdd_c1_ms", "row order": "nvdd_c1_rows_ms", "peer": "peer_ms"}
+    )
     return (
         "## Neighbour list builds on one GPU\n\n"
         "One build of nvdd's device Verlet list at 9.5 A (ms), against the peer's cell list.\n"

@@ -45,8 +45,8 @@ class Bench:
 
     name: str
     script: str
-    args: tuple[str, ...]
-    quick: tuple[str, ...]
+    args: str
+    quick: str
     title: str
     json_flag: str = "--json"
     device_flag: bool = True
@@ -60,7 +60,7 @@ class Suite:
     benches: tuple[Bench, ...] = field(default_factory=tuple)
 
 
-_LJ_QUICK = ("--cells", "4", "--steps", "5", "--warmup", "2", "--no-peer", "--dtype", "float64")
+_LJ_QUICK = "--cells 4 --steps 5 --warmup 2 --no-peer --dtype float64"
 
 SUITES: dict[str, Suite] = {
     "lj-step": Suite(
@@ -70,25 +70,9 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "lj-1gpu-graphs",
                 "bench_dp.py",
-                (
-                    "--cells",
-                    "32",
-                    "63",
-                    "100",
-                    "--dtype",
-                    "float32",
-                    "float64",
-                    "--graphs",
-                    "on",
-                    "off",
-                    "--steps",
-                    "200",
-                    "--warmup",
-                    "30",
-                    "--worlds",
-                    "1",
-                ),
-                (*_LJ_QUICK, "--worlds", "1", "--graphs", "on", "off"),
+                "--cells 32 63 100 --dtype float32 float64 --graphs on off --steps 200 --warmup 30"
+                " --worlds 1",
+                f"{_LJ_QUICK} --worlds 1 --graphs on off",
                 "LJ argon on one device: nvdd against the peer loop, graphs on and off",
             ),
         ),
@@ -99,58 +83,15 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "lj-2gpu-strong",
                 "bench_dp.py",
-                (
-                    "--cells",
-                    "63",
-                    "100",
-                    "--dtype",
-                    "float32",
-                    "float64",
-                    "--steps",
-                    "50",
-                    "--warmup",
-                    "10",
-                    "--worlds",
-                    "1",
-                    "2",
-                ),
-                (*_LJ_QUICK, "--worlds", "1", "2"),
+                "--cells 63 100 --dtype float32 float64 --steps 50 --warmup 10 --worlds 1 2",
+                f"{_LJ_QUICK} --worlds 1 2",
                 "LJ argon on one and two devices: strong scaling",
             ),
             Bench(
                 "mpnn-2gpu-strong",
                 "bench_dp.py",
-                (
-                    "--model",
-                    "mpnn",
-                    "--cells",
-                    "29",
-                    "46",
-                    "--dtype",
-                    "float32",
-                    "--steps",
-                    "20",
-                    "--warmup",
-                    "5",
-                    "--worlds",
-                    "1",
-                    "2",
-                ),
-                (
-                    "--model",
-                    "mpnn",
-                    "--cells",
-                    "3",
-                    "--dtype",
-                    "float64",
-                    "--steps",
-                    "3",
-                    "--warmup",
-                    "1",
-                    "--worlds",
-                    "1",
-                    "2",
-                ),
+                "--model mpnn --cells 29 46 --dtype float32 --steps 20 --warmup 5 --worlds 1 2",
+                "--model mpnn --cells 3 --dtype float64 --steps 3 --warmup 1 --worlds 1 2",
                 "Reference MPNN on one and two devices: strong scaling",
             ),
         ),
@@ -161,8 +102,8 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "lj-1gpu-largest",
                 "bench_dp.py",
-                ("--largest", "--dtype", "float32", "--start-cells", "150"),
-                ("--largest", "--dtype", "float32", "--start-cells", "4", "--no-peer"),
+                "--largest --dtype float32 --start-cells 150",
+                "--largest --dtype float32 --start-cells 4 --no-peer",
                 "The largest LJ argon fp32 system on one device",
             ),
         ),
@@ -173,18 +114,8 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "neighbors-row-order",
                 "bench_neighbors.py",
-                (
-                    "--cells",
-                    "32",
-                    "63",
-                    "100",
-                    "--dtype",
-                    "float32",
-                    "float64",
-                    "--per-cutoff",
-                    "1",
-                ),
-                ("--cells", "3", "--dtype", "float64", "--per-cutoff", "1"),
+                "--cells 32 63 100 --dtype float32 float64 --per-cutoff 1",
+                "--cells 3 --dtype float64 --per-cutoff 1",
                 "Device neighbour list build: cell order against row order",
             ),
         ),
@@ -195,8 +126,8 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "ensembles-timing",
                 "bench_ensembles.py",
-                ("timing", "--cells", "10", "32", "63", "--steps", "200"),
-                ("timing", "--cells", "3", "--steps", "5"),
+                "timing --cells 10 32 63 --steps 200",
+                "timing --cells 3 --steps 5",
                 "Integrator step times, LJ argon fp64",
             ),
         ),
@@ -207,36 +138,10 @@ SUITES: dict[str, Suite] = {
             Bench(
                 "mace-1gpu",
                 "bench_mace.py",
-                (
-                    "--modes",
-                    "plain",
-                    "dd1",
-                    "--start-cells",
-                    "24",
-                    "--doublings",
-                    "6",
-                    "--steps",
-                    "5",
-                    "--warmup",
-                    "2",
-                    "--dtypes",
-                    "float32",
-                ),
-                (
-                    "--modes",
-                    "plain",
-                    "dd1",
-                    "--start-cells",
-                    "2",
-                    "--doublings",
-                    "0",
-                    "--steps",
-                    "1",
-                    "--warmup",
-                    "1",
-                    "--dtypes",
-                    "float64",
-                ),
+                "--modes plain dd1 --start-cells 24 --doublings 6 --steps 5 --warmup 2"
+                " --dtypes float32",
+                "--modes plain dd1 --start-cells 2 --doublings 0 --steps 1 --warmup 1"
+                " --dtypes float64",
                 "MACE medium fp32: plain and DomainParallel on one device",
             ),
         ),
@@ -305,7 +210,7 @@ def run_suite(
         work = Path(tmp)
         base = base_tree(ab, work / "base") if ab else None
         for bench in suite.benches:
-            args = list(bench.quick if quick else bench.args)
+            args = shlex.split(bench.quick if quick else bench.args)
             if device and bench.device_flag:
                 args += ["--device", device]
             command = command_line(bench, args)
