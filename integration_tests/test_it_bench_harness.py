@@ -58,3 +58,32 @@ def test_a_quick_suite_alternates_two_trees_in_one_run(tmp_path: Path) -> None:
         assert row["atoms"] == 108
         assert row["nvdd_c1_ms"] > 0 and row["pairs_equal"] is True
     assert "--cells 3" in doc["command"]
+
+
+def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None:
+    import torch
+
+    from benchmarks import predict_scaling as ps
+
+    assert ps.main(["--quick", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "scaling-predicted-lj.json").read_text())
+    raw, faces, split = doc["rows"]
+    assert raw["ranks"] == 1 and raw["raw_ms"] > 0
+    for row in (faces, split):
+        assert row["grid"] == "2x1x1" and row["ranks"] == 2
+        assert sum(r["owned"] for r in row["per_rank"]) == raw["atoms"] == 256
+        assert row["max_force_err"] < 1e-12  # owned forces = the periodic system's
+        assert row["bytes_per_exchange"] == row["ghost_max"] * 3 * 8
+        assert row["predicted_ms"] > row["slowest"]["total_ms"] > 0
+    # rows only across the split axis: fewer ghosts than images on every face
+    assert split["ghost_max"] < faces["ghost_max"]
+    assert "## Scaling predicted from one GPU" in render.render(render.load_results(tmp_path))
+
+    # the force check can fail: a ghost layer thinner than the cutoff misses pairs
+    batch = harness.argon_fcc(4, dtype=torch.float64)
+    model = ps._model("cpu", torch.float64)
+    full = model(batch)["forces"]
+    frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
+    thin = 0.5 * (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
+    owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), thin)
+    assert ps.check_rank(model, full, owned, ps.local_system(batch, owned, src, shift)) > 1e-6

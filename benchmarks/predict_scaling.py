@@ -1,0 +1,357 @@
+"""Predict the P-GPU domain-decomposed LJ step from one GPU.
+
+No multi-GPU machine is needed: for a P-rank grid of a periodic argon box, each
+rank's steady step is run on this one device in turn, on that rank's real rows:
+
+- its owned atoms (a uniform grid of boxes in fractional coordinates) and its
+  ghost rows, chosen as the runtime chooses them today: every periodic image of
+  every atom within the ghost width (cutoff + skin) of the box, on all six faces
+  (also along an axis the grid leaves whole);
+- the Lennard-Jones model with its own device neighbour list on ``[owned | ghost]``
+  with open boundaries, driven by the velocity-Verlet integrator (CUDA graphs as
+  in the raw run);
+- the pack (gather of the ghost sources), the exchange replaced by a device copy of
+  the same bytes, the unpack, the force fold (index-add into the owners) and the
+  per-step skin check with its host read.
+
+The predicted P-GPU step is the slowest rank plus a communication term:
+``2 x (latency + bytes / bandwidth)`` for the forward (positions) and reverse
+(forces) exchanges of the rank that sends most, plus one small all-reduce. The
+default figures are stated assumptions for one NVLink node of H100/H200 SXM
+GPUs: 900 GB/s of NVLink per GPU in the vendor's datasheet is 450 GB/s per
+direction, of which NCCL's all-to-all is taken to reach 2/3 (300 GB/s); 20 us
+per ``all_to_all_single`` and 15 us per small all-reduce (NCCL small-message
+latency inside one node). Override them with ``--bandwidth-gbs``,
+``--latency-us`` and ``--allreduce-us``.
+
+Before any timing, each rank's rows are checked: the forces on its owned atoms
+from the open ``[owned | ghost]`` system equal the forces of the whole periodic
+system (a wrong ghost set would make the prediction meaningless).
+
+    python benchmarks/predict_scaling.py --device cuda --cells 63 100 --dtype float32 float64
+    python benchmarks/predict_scaling.py --quick          # CPU, seconds
+
+Rows go to ``benchmarks/results/scaling-predicted-lj.json`` (``--out``); the
+benchmarks page renders them (``benchmarks/render.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from benchmarks import harness
+
+CUTOFF, SKIN, DT_FS = 8.5, 1.0, 4.0
+#: The rank grids of the tables (the runtime's default for a cube splits x, then y, then z).
+GRIDS = ("2x1x1", "2x2x1", "2x2x2", "4x2x1")
+#: Ghost layouts: ``faces``, the runtime's today (image rows on all six faces);
+#: ``split``, image rows only across axes the grid splits, the whole axes left
+#: periodic to the model's neighbour list.
+LAYOUTS = ("faces", "split")
+#: Phases of a rank's step, in ms.
+PHASES = ("model_ms", "exchange_ms", "fold_ms", "check_ms", "total_ms")
+SHIFTS = [(a, b, c) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)]
+
+
+def _model(device: str, dtype: torch.dtype) -> Any:
+    from nvdd.models import LennardJones, LJConfig
+
+    config = LJConfig(cutoff=CUTOFF, epsilon=harness.AR_EPSILON, sigma=harness.AR_SIGMA, skin=SKIN)
+    return LennardJones(config).to(device=device, dtype=dtype)
+
+
+def rank_rows(
+    frac: torch.Tensor,
+    grid: Sequence[int],
+    coords: Sequence[int],
+    width: torch.Tensor,
+    layout: str = "faces",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of the rank at ``coords`` of ``grid``: ``(owned, ghost_src, ghost_shift)``.
+
+    ``frac``: fractional positions in [0, 1); ``width``: the ghost width in
+    fractional units per axis; ``layout``: see :data:`LAYOUTS`. ``ghost_src``
+    indexes ``frac``; ``ghost_shift`` is the integer image shift of each ghost row.
+    """
+    g = torch.tensor(list(grid), dtype=frac.dtype, device=frac.device)
+    c = torch.tensor(list(coords), dtype=frac.dtype, device=frac.device)
+    lo, hi = c / g, (c + 1) / g
+    owned = ((frac >= lo) & (frac < hi)).all(dim=1)
+    whole = [n == 1 for n in grid]
+    if layout == "split":  # no rows across a whole axis: the model wraps it
+        width = torch.where(torch.tensor(whole, device=frac.device), 0.0, width)
+    src, shift = [], []
+    for s in SHIFTS:
+        if layout == "split" and any(w and k for w, k in zip(whole, s, strict=True)):
+            continue
+        st = torch.tensor(s, dtype=frac.dtype, device=frac.device)
+        f = frac + st
+        near = ((f >= lo - width) & (f < hi + width)).all(dim=1)
+        if s == (0, 0, 0):
+            near &= ~owned
+        idx = torch.nonzero(near).flatten()
+        src.append(idx)
+        shift.append(st.expand(idx.numel(), 3))
+    return torch.nonzero(owned).flatten(), torch.cat(src), torch.cat(shift)
+
+
+def local_system(
+    batch: Any,
+    owned: torch.Tensor,
+    src: torch.Tensor,
+    shift: torch.Tensor,
+    pbc: Sequence[bool] = (False, False, False),
+) -> Any:
+    """The ``[owned | ghost]`` system of one rank (open, or periodic along ``pbc``)."""
+    from nvdd.core import Batch
+
+    cell = batch.cell[0]
+    pos = torch.cat([batch.positions[owned], batch.positions[src] + shift @ cell])
+    rows = torch.cat([owned, src])
+    return Batch(
+        positions=pos,
+        atomic_numbers=batch.atomic_numbers[rows],
+        masses=batch.masses[rows],
+        velocities=batch.velocities[rows],
+        cell=cell,
+        pbc=list(pbc),
+    )
+
+
+def _timed(fn: Callable[[], Any], steps: int, warmup: int, device: str) -> float:
+    """ms per call of ``fn`` over ``steps`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    harness.sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    harness.sync(device)
+    return 1000.0 * (time.perf_counter() - t0) / steps
+
+
+def check_rank(model: Any, full_forces: torch.Tensor, owned: torch.Tensor, local: Any) -> float:
+    """max |F_local(owned) - F_periodic(owned)|: zero up to rounding when the ghost set is complete."""
+    out = model(local)
+    n = owned.numel()
+    return float((out["forces"][:n] - full_forces[owned]).abs().max()) if n else 0.0
+
+
+def time_rank(
+    model: Any,
+    batch: Any,
+    owned: torch.Tensor,
+    src: torch.Tensor,
+    shift: torch.Tensor,
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    graphs: bool,
+    pbc: Sequence[bool] = (False, False, False),
+) -> dict[str, float]:
+    """ms per phase of one rank's steady step (the exchanges as device copies)."""
+    from nvdd.dynamics import VelocityVerlet
+
+    local = local_system(batch, owned, src, shift, pbc)
+    n_o, n_g = owned.numel(), src.numel()
+    dyn = VelocityVerlet(model, local, dt_fs=DT_FS, cuda_graphs=graphs)
+    model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
+
+    pos = dyn.batch.positions
+    source = batch.positions.clone()
+    image = shift @ batch.cell[0]
+    wire_pos = torch.empty(n_g, 3, dtype=pos.dtype, device=pos.device)
+
+    def exchange() -> None:  # pack, the wire as a device copy, unpack
+        packed = source.index_select(0, src) + image
+        wire_pos.copy_(packed)
+        pos[n_o:].copy_(wire_pos)
+
+    forces = dyn.batch.forces
+    acc = torch.zeros_like(source)
+    wire_f = torch.empty(n_g, 3, dtype=pos.dtype, device=pos.device)
+
+    def fold() -> None:  # ghost forces over the wire, added into their owners
+        wire_f.copy_(forces[n_o:])
+        acc.index_add_(0, src, wire_f)
+
+    ref = pos[:n_o].clone()
+    half_skin = SKIN / 2
+
+    def check() -> None:  # the skin test of the owned rows, read on the host
+        bool(((pos[:n_o] - ref).norm(dim=1).max() > half_skin).item())
+
+    return {
+        "model_ms": model_ms,
+        "exchange_ms": _timed(exchange, steps, warmup, device),
+        "fold_ms": _timed(fold, steps, warmup, device),
+        "check_ms": _timed(check, steps, warmup, device),
+    }
+
+
+def predict(
+    cells: int,
+    dtype_name: str,
+    grids: Sequence[str],
+    layouts: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    graphs: bool,
+    bandwidth_gbs: float,
+    latency_us: float,
+    allreduce_us: float,
+    tol: float,
+) -> list[dict[str, Any]]:
+    """The raw one-GPU row and one row per grid and ghost layout: the phases of
+    the slowest rank, the communication term and the predicted speed-up."""
+    from nvdd.dynamics import VelocityVerlet
+
+    dtype = getattr(torch, dtype_name)
+    batch = harness.argon_fcc(cells, device=device, dtype=dtype, temperature_K=90.0)
+    model = _model(device, dtype)
+    n = batch.n_atoms
+    raw = VelocityVerlet(model, batch.clone(), dt_fs=DT_FS, cuda_graphs=graphs)
+    raw_ms = _timed(lambda: raw.run(1), steps, warmup, device)
+    raw = None  # free its buffers before the ranks run
+    base = {"cells": cells, "dtype": dtype_name, "atoms": n}
+    rows: list[dict[str, Any]] = [{**base, "ranks": 1, "raw_ms": raw_ms}]
+    full_forces = model(batch)["forces"].detach()
+    width = (CUTOFF + SKIN) / batch.cell[0].diagonal()
+    frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
+    itemsize = torch.finfo(dtype).bits // 8
+    scale = max(1.0, float(full_forces.abs().max()))
+    for spec in grids:
+        grid = tuple(int(x) for x in spec.split("x"))
+        for layout in layouts:
+            pbc = [layout == "split" and k == 1 for k in grid]
+            per_rank = []
+            for coords in itertools.product(*(range(k) for k in grid)):
+                owned, src, shift = rank_rows(frac, grid, coords, width, layout)
+                local = local_system(batch, owned, src, shift, pbc)
+                err = check_rank(model, full_forces, owned, local)
+                if not err <= tol * scale:
+                    raise AssertionError(f"rank {coords} of {spec} ({layout}): |dF| {err:.3e}")
+                del local
+                t = time_rank(
+                    model,
+                    batch,
+                    owned,
+                    src,
+                    shift,
+                    steps=steps,
+                    warmup=warmup,
+                    device=device,
+                    graphs=graphs,
+                    pbc=pbc,
+                )
+                t["total_ms"] = sum(t.values())
+                per_rank.append(
+                    {"owned": owned.numel(), "ghost": src.numel(), "force_err": err, **t}
+                )
+            slow = max(per_rank, key=lambda r: r["total_ms"])
+            sent = max(r["ghost"] for r in per_rank) * 3 * itemsize
+            wire_ms = sent / (bandwidth_gbs * 1e9) * 1e3
+            comm_ms = 2 * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
+            predicted = slow["total_ms"] + comm_ms
+            rows.append(
+                {
+                    **base,
+                    "ranks": len(per_rank),
+                    "grid": spec,
+                    "layout": layout,
+                    "raw_ms": raw_ms,
+                    "owned_min": min(r["owned"] for r in per_rank),
+                    "owned_max": max(r["owned"] for r in per_rank),
+                    "ghost_min": min(r["ghost"] for r in per_rank),
+                    "ghost_max": max(r["ghost"] for r in per_rank),
+                    "bytes_per_exchange": sent,
+                    "slowest": {k: slow[k] for k in PHASES},
+                    "comm_ms": comm_ms,
+                    "predicted_ms": predicted,
+                    "speedup": raw_ms / predicted,
+                    "overhead": slow["total_ms"] / (raw_ms * slow["owned"] / n),
+                    "max_force_err": max(r["force_err"] for r in per_rank),
+                    "per_rank": per_rank,
+                }
+            )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--cells", type=int, nargs="+", default=[63, 100])
+    p.add_argument("--dtype", nargs="+", default=["float32", "float64"])
+    p.add_argument("--grids", nargs="+", default=list(GRIDS), help="rank grids, e.g. 2x1x1")
+    p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--no-graphs", action="store_true", help="eager steps (no CUDA graphs)")
+    p.add_argument("--bandwidth-gbs", type=float, default=300.0)
+    p.add_argument("--latency-us", type=float, default=20.0)
+    p.add_argument("--allreduce-us", type=float, default=15.0)
+    p.add_argument("--quick", action="store_true", help="CPU sizes: 4 cells, 2x1x1, 3 steps")
+    p.add_argument("--out", default=str(harness.RESULTS))
+    p.add_argument("--name", default="scaling-predicted-lj")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.cells, args.grids, args.steps, args.warmup = [4], ["2x1x1"], 3, 1
+        args.dtype = ["float64"]
+    rows: list[dict[str, Any]] = []
+    for cells in args.cells:
+        for dt in args.dtype:
+            tol = 1e-9 if dt == "float64" else 1e-4
+            got = predict(
+                cells,
+                dt,
+                args.grids,
+                args.layouts,
+                steps=args.steps,
+                warmup=args.warmup,
+                device=args.device,
+                graphs=not args.no_graphs,
+                bandwidth_gbs=args.bandwidth_gbs,
+                latency_us=args.latency_us,
+                allreduce_us=args.allreduce_us,
+                tol=tol,
+            )
+            for r in got:
+                line = {k: v for k, v in r.items() if k not in ("per_rank", "slowest")}
+                print(line, flush=True)
+            rows += got
+    from pathlib import Path
+
+    command = "python benchmarks/predict_scaling.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    path = harness.write_result(
+        args.name,
+        title="LJ argon: the P-GPU step predicted from one GPU (each rank's rows run in turn)",
+        command=command.strip(),
+        rows=rows,
+        benchmark="benchmarks/predict_scaling.py",
+        out_dir=Path(args.out),
+        note=(
+            f"communication term: {args.bandwidth_gbs:g} GB/s per direction, "
+            f"{args.latency_us:g} us per exchange, {args.allreduce_us:g} us per all-reduce "
+            "(assumptions for one NVLink node, see the script's docstring)"
+        ),
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
