@@ -302,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bandwidth-gbs", type=float, default=300.0)
     p.add_argument("--latency-us", type=float, default=20.0)
     p.add_argument("--allreduce-us", type=float, default=15.0)
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also emulate the one-rank halo step (grid 1x1x1, layout faces) and time the "
+        "real runtime's (DomainParallel with the halo forced on one rank) in the same run",
+    )
     p.add_argument("--quick", action="store_true", help="CPU sizes: 4 cells, 2x1x1, 3 steps")
     p.add_argument("--out", default=str(harness.RESULTS))
     p.add_argument("--name", default="scaling-predicted-lj")
@@ -309,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.cells, args.grids, args.steps, args.warmup = [4], ["2x1x1"], 3, 1
         args.dtype = ["float64"]
+    if args.calibrate:
+        from nvdd.core import init_distributed
+
+        init_distributed(backend="nccl" if args.device.startswith("cuda") else "gloo")
+        args.grids = ["1x1x1", *[g for g in args.grids if g != "1x1x1"]]
     rows: list[dict[str, Any]] = []
     for cells in args.cells:
         for dt in args.dtype:
@@ -327,6 +338,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 allreduce_us=args.allreduce_us,
                 tol=tol,
             )
+            if args.calibrate:
+                from benchmarks.bench_dp import dd
+
+                real = dd(cells, args.steps, args.warmup, args.device, dt, halo=True)
+                for r in got:
+                    if r.get("grid") == "1x1x1" and r["layout"] == "faces":
+                        r["runtime_ms"] = real["ms_per_step"]
             for r in got:
                 line = {k: v for k, v in r.items() if k not in ("per_rank", "slowest")}
                 print(line, flush=True)
