@@ -13,6 +13,7 @@ from nvdd.core import Batch, ConfigurationError
 from nvdd.dynamics import (
     DomainConfig,
     DomainParallel,
+    HookContext,
     HookScope,
     HookStage,
     VelocityVerlet,
@@ -407,3 +408,62 @@ def test_a_rebalance_rebuilds_the_plan_even_when_no_atom_moved() -> None:
         assert g["sent"] == 0, rank  # (the scenario: a second rebalance moves nothing)
         assert g["rebuilt"] == 1, rank
     assert_close_by_id(got[0]["ids"], got[0]["forces"], ref.atom_ids, ref.forces, atol=1e-10)
+
+
+def _hook_raises_every_way() -> dict:
+    return {where: _hook_raises(where) for where in ("every", "one")}
+
+
+def _hook_raises(where: str) -> dict:
+    """A hook raises at step 3 on every rank (before the forces: mid-step) or on
+    rank 1 only (after the step); then the save-on-error pattern gathers."""
+    dyn = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
+    stage = HookStage.BEFORE_COMPUTE if where == "every" else HookStage.AFTER_STEP
+    later: list[int] = []
+
+    def full_disk(ctx: HookContext) -> None:
+        if ctx.step == 3 and (where == "every" or ctx.rank == 1):
+            raise OSError(f"disk full on rank {ctx.rank}")
+
+    with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0), watchdog_s=40) as dp:
+        dp.partition()
+        dp.register_hook(stage, full_disk)
+        dp.register_hook(stage, lambda c: later.append(c.step), scope=HookScope.RANK_ZERO)
+        try:
+            dp.run(6)
+            error = "none"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        final = dp.gather(0)  # every rank, at once: no watchdog
+    got = {"error": error, "later": later, "steps": dyn.step_count}
+    if final is not None:
+        got.update(ids=final.atom_ids, pos=final.positions, forces=final.forces)
+        got["forces_here"] = SoftPair()(final)["forces"].detach()
+    return got
+
+
+def test_after_a_hook_raised_every_rank_stops_there_and_gather_works() -> None:
+    """Issue 39 item 6: a hook raising on one rank left the others in the next
+    collective, so `except: dp.gather(0)` hung until the watchdog; one raising
+    before the forces left gather returning forces of the previous positions."""
+    ranks = run_ranks(_hook_raises_every_way, 2, timeout_s=120)
+    for where in ("every", "one"):
+        got = [r[where] for r in ranks]
+        assert [g["steps"] for g in got] == [3, 3]
+        assert max(got[0]["later"]) < 3  # the hook after the failing one ran on no rank
+    got = [r["every"] for r in ranks]
+    for rank, g in enumerate(got):
+        assert g["error"] == f"OSError: disk full on rank {rank}"
+    # mid-step: the gathered forces belong to the gathered positions
+    torch.testing.assert_close(got[0]["forces"], got[0]["forces_here"], rtol=0, atol=1e-12)
+    got = [r["one"] for r in ranks]
+    assert got[1]["error"] == "OSError: disk full on rank 1"
+    assert got[0]["error"].startswith("CommunicationError: rank 0: stopped at step 3 (after_step")
+    assert "rank 1: OSError: disk full on rank 1" in got[0]["error"]
+    ref = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
+    ref.run(3)
+    b = ref.batch
+    assert_close_by_id(got[0]["ids"], got[0]["forces"], b.atom_ids, b.forces, atol=1e-10)
+    order = b.atom_ids.argsort()
+    diff = _wrapped_diff(got[0]["pos"], b.positions[order], b.cell[0], b.pbc[0])
+    assert float(diff.abs().max()) < 1e-10

@@ -12,8 +12,11 @@ import torch.distributed as dist
 
 from nvdd.core import (
     Batch,
+    CommunicationError,
     ConfigurationError,
     Watchdog,
+    all_gather_object,
+    any_rank,
     get_rank,
     get_world_size,
     init_distributed,
@@ -262,6 +265,12 @@ class DomainParallel:
         at the first RANK_ZERO hook (to rank 0), and reused by the next ones.
         So a hook registered after another sees its effects (e.g. a checkpoint
         written after the frame of the same step).
+
+        A hook that raises on some ranks stops the hooks on every rank: after
+        each hook the ranks agree (one all-reduce of a flag); where one raised,
+        it raises its own exception and the others a ``CommunicationError``
+        naming it, all at this stage of this step, so the state stays
+        consistent and :meth:`gather` works (the save-on-error pattern).
         """
         needs = sorted(set().union(*(h.needs for h in hooks)))
         if needs:
@@ -270,17 +279,54 @@ class DomainParallel:
         gathered: Batch | None = None
         gathered_done = False
         for h in hooks:
-            if h.scope is HookScope.LOCAL:
-                h.fn(self._ctx(dyn.batch, stage))
-            elif h.scope is HookScope.GLOBAL:
-                if whole is None:
-                    whole = self.sharded.to_global()  # one all-gather for every GLOBAL hook
-                h.fn(self._ctx(whole, stage))
-            else:  # RANK_ZERO
-                if not gathered_done:
-                    gathered, gathered_done = self.sharded.gather(0), True
-                if gathered is not None:
-                    h.fn(self._ctx(gathered, stage))
+            failure: Exception | None = None
+            try:
+                if h.scope is HookScope.LOCAL:
+                    h.fn(self._ctx(dyn.batch, stage))
+                elif h.scope is HookScope.GLOBAL:
+                    if whole is None:
+                        whole = self.sharded.to_global()  # one all-gather for every GLOBAL hook
+                    h.fn(self._ctx(whole, stage))
+                else:  # RANK_ZERO
+                    if not gathered_done:
+                        gathered, gathered_done = self.sharded.gather(0), True
+                    if gathered is not None:
+                        h.fn(self._ctx(gathered, stage))
+            except Exception as exc:  # agreed on below, then raised on every rank
+                failure = exc
+            self._agree_on_hook(dyn, stage, h, failure)
+
+    def _agree_on_hook(
+        self, dyn: BaseDynamics, stage: HookStage, hook: Hook, failure: Exception | None
+    ) -> None:
+        """Raise on every rank if ``hook`` raised on any. **Collective** (one
+        all-reduce of a flag; after a failure, one all-gather of the messages).
+
+        The failing ranks raise their own exception, the others a
+        ``CommunicationError`` naming the failing ranks, step and stage. A
+        failure after the drift and before the forces (``AFTER_PRE_UPDATE``,
+        ``BEFORE_COMPUTE``) marks the forces stale, so a later :meth:`gather`
+        computes them at the positions it returns.
+        """
+        if not any_rank(failure is not None, self.group):  # a world of one: no collective
+            return
+        if stage in (HookStage.AFTER_PRE_UPDATE, HookStage.BEFORE_COMPUTE):
+            dyn._forces_ready = False
+        if failure is not None and self.world_size == 1:
+            raise failure
+        name = getattr(hook.fn, "__qualname__", None) or repr(hook.fn)
+        what = None
+        if failure is not None:
+            first = (str(failure).strip().splitlines() or [""])[0][:300]
+            what = f"{type(failure).__name__}: {first}"
+        messages: list[str | None] = all_gather_object(what, self.group)
+        if failure is not None:
+            raise failure
+        failed = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
+        raise CommunicationError(
+            f"rank {self.rank}: stopped at step {dyn.step_count} ({stage.value} hooks) because "
+            f"hook {name!r} raised on another rank: " + "; ".join(failed)
+        )
 
     def _ctx(self, batch: Batch, stage: HookStage) -> HookContext:
         return HookContext(
