@@ -90,7 +90,9 @@ def test_a_rank_that_stops_responding_is_named_within_the_watchdog_timeout() -> 
     assert took < 120  # the job ends after ~3 s of silence, not the 600 s timeout
     assert "nvdd watchdog: rank 0 made no progress for 3." in out, out[-3000:]
     assert "silent rank(s): [1]." in out
-    assert "rank 1: behind: last progress 'step 3 before_compute'" in out, out[-3000:]
+    # rank 0 waits after its hooks (in their agreement), rank 1 sleeps in one
+    stuck = r"rank 1: (behind: last progress|stuck outside the collective the others wait in: at)"
+    assert re.search(stuck + r" 'step 3 before_compute'", out), out[-3000:]
     assert "main thread at hook (fault_job.py:" in out
 
 
