@@ -48,14 +48,14 @@ def test_nvdd_run_two_ranks_matches_one_rank_and_writes_outputs(tmp_path: Path) 
     text = res.stdout
     assert "256 atoms on 2 cpu rank(s) (gloo)" in text
     rows = re.findall(r"^\s*(NVT|NVE)\s+(\d+)\s", text, flags=re.M)
-    assert [int(s) for _, s in rows] == [3, 6, 9, 12]
+    assert [int(s) for _, s in rows] == [0, 3, 6, 9, 12]
     m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 256 atoms", text)
     assert m is not None, text
     assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
     assert (out / "thermo.csv").read_text().startswith("step,T,E_pot,E_kin,E_tot")
     assert (out / "energies.png").stat().st_size > 1000
     frames = (out / "trajectory.extxyz").read_text().count("Lattice=")
-    assert frames == 2  # steps 6 and 12
+    assert frames == 3  # steps 0, 6 and 12
 
 
 @pytest.mark.gloo
@@ -79,6 +79,7 @@ def test_nvdd_run_npt_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -
     text = res.stdout
     assert "108 atoms on 2 cpu rank(s) (gloo); npt 12 + NVE 4" in text
     assert re.findall(r"^\s*(NPT|NVE)\s+(\d+)\s", text, flags=re.M) == [
+        ("NPT", "0"),
         ("NPT", "4"),
         ("NPT", "8"),
         ("NPT", "12"),
@@ -90,7 +91,7 @@ def test_nvdd_run_npt_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -
     header = (out / "thermo.csv").read_text().splitlines()[0].split(",")
     assert {"E_ext", "V", "P_bar"} <= set(header)
     frames = (out / "trajectory.extxyz").read_text()
-    assert frames.count("Lattice=") == 4 and "energies:R:1" in frames  # steps 4, 8, 12, 16
+    assert frames.count("Lattice=") == 5 and "energies:R:1" in frames  # steps 0, 4, ..., 16
 
 
 def test_nvdd_run_with_a_run_file_runs_a_composed_model(tmp_path: Path) -> None:
@@ -214,7 +215,11 @@ def test_nvdd_run_with_the_built_in_mace_on_two_ranks(tmp_path: Path) -> None:
     assert m is not None, res.stdout
     assert float(m.group(1)) < 1e-10 and float(m.group(2)) < 1e-9
     rows = (out / "thermo.csv").read_text().splitlines()
-    assert rows[0].startswith("step,T,E_pot") and [r.split(",")[0] for r in rows[1:]] == ["2", "4"]
+    assert rows[0].startswith("step,T,E_pot") and [r.split(",")[0] for r in rows[1:]] == [
+        "0",
+        "2",
+        "4",
+    ]
 
 
 @pytest.mark.gloo
@@ -238,6 +243,7 @@ def test_nvdd_run_nose_hoover_two_ranks_follow_the_one_rank_trajectory(tmp_path:
     table = [
         dict(zip(lines[0].split(","), map(float, r.split(",")), strict=True)) for r in lines[1:]
     ]
-    assert [int(r["step"]) for r in table] == [2, 4, 6]
+    assert [int(r["step"]) for r in table] == [0, 2, 4, 6]
     # the Nose-Hoover phase carries its extended energy (Langevin leaves it NaN)
-    assert all(math.isfinite(r["E_ext"]) for r in table[:2]), table
+    assert all(math.isfinite(r["E_ext"]) for r in table[1:3]), table  # steps 2, 4
+    assert math.isnan(table[3]["E_ext"]), table  # NVE

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from nvalchemi.distributed._checks import lj_species, validate
-from nvalchemi.distributed._outputs import THERMO_KEYS, ThermoLog, nve_drift_per_atom
+from nvalchemi.distributed._outputs import (
+    THERMO_KEYS,
+    ThermoLog,
+    TrajectoryLog,
+    next_due,
+    nve_drift_per_atom,
+    output_due,
+)
 from nvalchemi.distributed.cli import build_parser, main
 from nvdd.testing import importorskip_extra
 
@@ -63,6 +70,8 @@ def structures(tmp_path: Path) -> Path:
     lattice = 'Lattice="8 0 0 0 8 0 0 0 8" Properties=species:S:1:pos:R:3'
     (tmp_path / "slab.xyz").write_text(f'2\n{lattice} pbc="T T F"\nAr 0 0 0\nAr 3.8 0 0\n')
     (tmp_path / "nacl.xyz").write_text(f'2\n{lattice} pbc="T T T"\nNa 0 0 0\nCl 2.8 0 0\n')
+    two = f'2\n{lattice} pbc="T T T"\nAr 0 0 0\nAr 3.8 0 0\n'
+    (tmp_path / "two.xyz").write_text(two + two.replace("3.8", "3.9"))  # two frames
     (tmp_path / "oxide.xyz").write_text(
         f'3\n{lattice} pbc="T T T"\nO 0 0 0\nO 1.6 0 0\nSi 0 1.6 0\n'
     )
@@ -79,6 +88,9 @@ def structures(tmp_path: Path) -> Path:
         (["--dt", "nan"], "--dt must be > 0 fs, got nan"),
         (["--grid", "2", "2", "1"], "--grid 2 2 1 has 4 boxes but --nproc is 2"),
         (["--structure", "{d}/missing.xyz"], "missing.xyz: no such file"),
+        (["--structure", "{d}"], ": is a directory; give a structure file"),
+        (["--structure", "{d}/two.xyz"], "two.xyz: holds 2 frames; pick one with"),
+        (["--structure", "{d}/two.xyz@2"], "two.xyz@2: holds 2 frames, no frame 2"),
         (["--structure", "{d}/garbage.xyz"], "garbage.xyz: ase.io.read cannot read it"),
         (["--structure", "{d}/xx.xyz"], "unknown element symbol 'Xx'"),
         (["--structure", "{d}/cu.xyz"], "no Lennard-Jones parameters for Cu (Z=29)"),
@@ -124,6 +136,43 @@ def test_bad_arguments_fail_before_any_rank_starts(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nvdd run: error: "), err
     assert message in lines[0], lines[0]
+
+
+def test_a_frame_of_a_trajectory_is_picked_by_index_and_gets_velocities(
+    structures: Path,
+) -> None:
+    """``FILE@INDEX`` picks one frame; a structure without velocities starts with
+    Maxwell-Boltzmann velocities at --temperature (zero momentum), and says so."""
+    import torch
+
+    from nvalchemi.distributed._checks import read_structure
+    from nvalchemi.distributed._demo import _load
+
+    assert validate(_args("--structure", f"{structures / 'two.xyz'}@-1")) == []
+    assert read_structure(f"{structures / 'two.xyz'}@-1").positions[1, 0] == 3.9
+    assert read_structure(f"{structures / 'two.xyz'}@0").positions[1, 0] == 3.8
+    args = _args("--structure", f"{structures / 'two.xyz'}@0", "--temperature", "300")
+    batch = _load(args, torch.float64, torch.device("cpu"))
+    assert bool(batch.velocities.abs().gt(0).all())
+    assert float((batch.masses[:, None] * batch.velocities).sum(0).abs().max()) < 1e-12
+    assert "velocities drawn at 300 K (Maxwell-Boltzmann, seed 0)" in args.velocity_note
+    again = _load(
+        _args("--structure", str(structures / "oxide.xyz")), torch.float32, torch.device("cpu")
+    )
+    assert again.velocities.dtype == torch.float32 and bool(again.velocities.abs().gt(0).any())
+
+
+def test_parser_has_help_for_every_option_and_a_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    bare = [a.option_strings for a in run._actions if not a.help and a.option_strings]
+    assert bare == []
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("nvdd 0.")
 
 
 def test_a_valid_run_file_and_mace_structure_pass_the_checks(structures: Path) -> None:
@@ -250,13 +299,52 @@ def test_runs_on_four_ranks_end_cleanly_with_every_output(tmp_path: Path) -> Non
         listed = _outputs_listed(res.stdout)
         assert listed == ["thermo.csv", "energies.png", "trajectory.extxyz"]
         assert sorted(p.name for p in out.iterdir()) == sorted(listed)
-    # Nothing written, nothing listed.
-    out = tmp_path / "quiet"
-    args = [*TINY, "--nproc", "2", "--nvt-steps", "1", "--nve-steps", "0", "--thermo-every", "5"]
-    args += ["--traj-every", "0", "--compare", "none", "--out", str(out)]
+
+
+@pytest.mark.gloo
+def test_rows_and_frames_fall_on_whole_run_steps_and_no_file_is_empty(tmp_path: Path) -> None:
+    """Phases of 3 + 4 steps, thermo every 2, frames every 5: rows at steps 0, 2,
+    4, 6 and the last (7), frames at 0, 5, 7 (counted over the whole run, not per
+    phase); every file listed exists and is non-empty, nothing else is there."""
+    out = tmp_path / "short"
+    args = ["--cells", "2", "--cutoff", "6.0", "--skin", "0.5", "--nproc", "2"]
+    args += ["--nvt-steps", "3", "--nve-steps", "4", "--thermo-every", "2", "--traj-every", "5"]
+    args += ["--compare", "none", "--out", str(out)]
     res = subprocess.run(_nvdd(*args), capture_output=True, text=True, timeout=600, env=_env())
     assert res.returncode == 0, res.stderr[-3000:]
-    assert _outputs_listed(res.stdout) == [] and "NVE energy drift" not in res.stdout
+    printed = re.findall(r"^\s*(NVT|NVE)\s+(\d+)\s", res.stdout, flags=re.M)
+    assert printed == [("NVT", "0"), ("NVT", "2"), ("NVE", "4"), ("NVE", "6"), ("NVE", "7")]
+    lines = (out / "thermo.csv").read_text().splitlines()
+    assert [int(line.split(",")[0]) for line in lines[1:]] == [0, 2, 4, 6, 7]
+    frames = re.findall(r"step=(\d+)", (out / "trajectory.extxyz").read_text())
+    assert frames == ["0", "5", "7"]
+    listed = _outputs_listed(res.stdout)
+    assert listed == ["thermo.csv", "energies.png", "trajectory.extxyz"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(listed)
+    assert all((out / name).stat().st_size > 0 for name in listed)
+    # quiet: no Warp banner or load lines, no progress bar off a terminal, each
+    # warning once and without a source path, a summary in words
+    text = res.stdout + res.stderr
+    assert "Warp " not in text and "load on device" not in text and "\r" not in text, text
+    assert text.count("degenerate partition") == 1, text
+    assert "nvdd: warning: degenerate partition" in res.stderr
+    assert ".py:" not in res.stderr, res.stderr
+    assert re.search(r"^done: 7 steps in .* the NVE phase built its halo", res.stdout, re.M)
+    assert "collectives" not in res.stdout
+
+
+def test_output_steps_count_over_the_whole_run_and_logs_start_with_a_record(
+    tmp_path: Path,
+) -> None:
+    assert [s for s in range(12) if output_due(s, 5, 11)] == [0, 5, 10, 11]
+    assert not any(output_due(s, 0, 11) for s in range(12))  # 0: never
+    assert [next_due(3, 2, 7), next_due(6, 2, 7), next_due(3, 0, 7)] == [4, 7, 7]
+    log = ThermoLog(tmp_path / "thermo.csv")
+    log.close()
+    assert not (tmp_path / "thermo.csv").exists()  # no row, no file
+    traj = TrajectoryLog(tmp_path / "trajectory.extxyz")
+    traj.close()
+    assert not (tmp_path / "trajectory.extxyz").exists()
 
 
 def _job_processes(token: str) -> list[int]:
@@ -320,6 +408,6 @@ def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_pat
     m = re.search(r"max \|dx\| = (\S+) A", res.stdout)
     assert m is not None and float(m.group(1)) < 1e-10, res.stdout
     steps = [int(line.split(",")[0]) for line in (out / "thermo.csv").read_text().splitlines()[1:]]
-    assert steps == list(range(2, 45, 2))  # rows after the checkpoint were dropped, then redone
-    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 22
+    assert steps == list(range(0, 45, 2))  # rows after the checkpoint were dropped, then redone
+    assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 23  # steps 0, 2, ..., 44
     assert "checkpoint/" in _outputs_listed(res.stdout)

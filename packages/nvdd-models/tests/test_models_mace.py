@@ -358,3 +358,29 @@ def test_every_tensor_of_the_wrapper_follows_device() -> None:
     model = MACEModel(_mace(), device="meta")
     devices = {t.device.type for t in [*model.parameters(), *model.buffers()]}
     assert devices == {"meta"}
+
+
+def test_cueq_without_its_dependencies_says_what_failed_to_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuequivariance installed but broken (its own dependency missing): the error
+    carries the install hint and the import's own message."""
+    import importlib
+
+    from nvdd.core import OptionalDependencyError
+    from nvdd.models import _mace_deps
+
+    real = importlib.import_module
+
+    def failing(name: str, package: str | None = None) -> Any:
+        if name.startswith("cuequivariance"):
+            raise ModuleNotFoundError("No module named 'platformdirs'", name="platformdirs")
+        return real(name, package)
+
+    monkeypatch.setattr(_mace_deps.importlib, "import_module", failing)
+    with pytest.raises(OptionalDependencyError) as info:
+        MACEModel(_mace(), cueq=True)
+    message = str(info.value)
+    assert message.startswith("MACEModel(cueq=True) needs cuequivariance-torch")
+    assert "pip install cuequivariance-torch" in message
+    assert "(the import failed with ModuleNotFoundError: No module named 'platformdirs')" in message

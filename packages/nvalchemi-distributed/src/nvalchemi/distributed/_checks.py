@@ -96,30 +96,51 @@ def lj_species(args: argparse.Namespace) -> dict[int, LJParams]:
 
 def read_structure(path: str, label: str | None = None) -> Any:
     """``ase.io.read(path)``, or ValueError with one line saying why not, which
-    starts with ``label`` (default ``"--structure PATH"``)."""
+    starts with ``label`` (default ``"--structure PATH"``).
+
+    A file of several frames is refused unless ``PATH@INDEX`` picks one (ASE's
+    own notation: ``run.extxyz@-1`` is the last frame, ``run.extxyz@0`` the first).
+    """
     label = f"--structure {path}" if label is None else label
-    file = Path(path)
+    file, index = Path(path), None
+    if not file.exists() and "@" in path:
+        name, _, at = path.rpartition("@")
+        try:
+            file, index = Path(name), int(at)
+        except ValueError:
+            raise ValueError(f"{label}: the frame after '@' must be an integer") from None
+    if file.is_dir():
+        raise ValueError(f"{label}: is a directory; give a structure file (.xyz, .cif, ...)")
     if not file.is_file():
         raise ValueError(f"{label}: no such file")
     try:
         from ase.io import read
-    except ImportError:
+    except ImportError as exc:
         raise ValueError(
-            f"{label}: reading it needs ASE: pip install 'nvalchemi-distributed[demo]'"
+            f"{label}: reading it needs ASE: pip install 'nvalchemi-distributed[demo]' "
+            f"(the import failed with {type(exc).__name__}: {exc})"
         ) from None
     try:
-        atoms = read(str(file))
+        frames = read(str(file), index=":")
     except Exception as exc:  # ASE raises anything from KeyError to StopIteration
         if isinstance(exc, KeyError):
             detail = f"unknown element symbol {exc}"
         else:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise ValueError(f"{label}: ase.io.read cannot read it ({detail})") from None
-    if isinstance(atoms, list):
-        if len(atoms) != 1:
-            raise ValueError(f"{label}: holds {len(atoms)} frames, give one")
-        atoms = atoms[0]
-    return atoms
+    frames = frames if isinstance(frames, list) else [frames]
+    if not frames:
+        raise ValueError(f"{label}: holds no structure")
+    if index is not None:
+        if not -len(frames) <= index < len(frames):
+            raise ValueError(f"{label}: holds {len(frames)} frames, no frame {index}")
+        return frames[index]
+    if len(frames) != 1:
+        raise ValueError(
+            f"{label}: holds {len(frames)} frames; pick one with {file}@INDEX "
+            f"(e.g. {file}@-1 for the last)"
+        )
+    return frames[0]
 
 
 def restart_point(path: str) -> dict[str, Any]:

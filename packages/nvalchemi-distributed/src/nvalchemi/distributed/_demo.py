@@ -10,6 +10,7 @@ end, and every rank writes its shard of ``checkpoint/`` every
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 from pathlib import Path
@@ -22,14 +23,17 @@ from nvalchemi.distributed._checks import (
     read_structure,
     restart_point,
 )
+from nvalchemi.distributed._console import install_warning_format, progress_bar, quiet_warp
 from nvalchemi.distributed._models import AR_LATTICE, build_model, builtin_system
 from nvalchemi.distributed._outputs import (
     ThermoLog,
     TrajectoryLog,
+    next_due,
     nve_drift_per_atom,
+    output_due,
     write_plot,
 )
-from nvdd.core import Batch, init_distributed
+from nvdd.core import Batch, CommunicationError, any_rank, init_distributed
 from nvdd.dynamics import (
     KB_EV_PER_K,
     MTKNPT,
@@ -37,7 +41,6 @@ from nvdd.dynamics import (
     CellDOF,
     DomainConfig,
     DomainParallel,
-    HookScope,
     HookStage,
     Langevin,
     NoseHooverNVT,
@@ -45,7 +48,7 @@ from nvdd.dynamics import (
     kinetic_energy,
 )
 
-__all__ = ["argon_box", "run_rank"]
+__all__ = ["argon_box", "maxwell_boltzmann", "run_rank"]
 
 
 def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int) -> Batch:
@@ -56,13 +59,8 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
     frac = (grid.reshape(-1, 1, 3) + basis).reshape(-1, 3)
     n = frac.shape[0]
     positions = frac * AR_LATTICE
-    g = torch.Generator().manual_seed(seed)
     masses = torch.full((n,), 39.948, dtype=dtype)
-    v = (
-        torch.randn(n, 3, generator=g, dtype=dtype)
-        * torch.sqrt(KB_EV_PER_K * temperature_K / masses)[:, None]
-    )
-    v -= v.mean(dim=0)
+    v = maxwell_boltzmann(masses, temperature_K=temperature_K, seed=seed)
     return Batch(
         positions=positions,
         atomic_numbers=torch.full((n,), 18),
@@ -71,6 +69,23 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
         cell=torch.eye(3, dtype=dtype) * cells * AR_LATTICE,
         pbc=[True, True, True],
     )
+
+
+def maxwell_boltzmann(masses: torch.Tensor, *, temperature_K: float, seed: int) -> torch.Tensor:
+    """Velocities, shape (n_atoms, 3), drawn from the Maxwell-Boltzmann distribution
+    at ``temperature_K`` for ``masses`` (amu), with zero total momentum (mass-weighted)."""
+    g = torch.Generator().manual_seed(seed)
+    n = masses.shape[0]
+    m = masses.detach().cpu()
+    v = (
+        torch.randn(n, 3, generator=g, dtype=m.dtype)
+        * torch.sqrt(KB_EV_PER_K * temperature_K / m)[:, None]
+    )
+    if bool((m == m[0]).all()) if n else True:
+        v -= v.mean(dim=0)  # equal masses (argon): the plain mean
+    else:
+        v -= (m[:, None] * v).sum(dim=0) / m.sum()
+    return v.to(masses.device)
 
 
 def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
@@ -93,7 +108,15 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
             data, dtype=dtype, device=device, temperature_k=args.temperature, seed=args.seed
         )
     if args.structure:
-        return Batch.from_ase(read_structure(args.structure), dtype=dtype, device=device)
+        batch = Batch.from_ase(read_structure(args.structure), dtype=dtype, device=device)
+        if not bool(batch.velocities.abs().gt(0).any()):  # a structure without velocities
+            v = maxwell_boltzmann(batch.masses, temperature_K=args.temperature, seed=args.seed)
+            batch = batch.replace(velocities=v.to(device=device, dtype=dtype))
+            args.velocity_note = (
+                f"; velocities drawn at {args.temperature:g} K (Maxwell-Boltzmann, seed "
+                f"{args.seed}): the structure has none"
+            )
+        return batch
     builtin = builtin_system(args, dtype)  # the model's own box (MACE: O/Si), else argon
     if builtin is not None:
         return builtin.to(device)
@@ -175,27 +198,60 @@ class _Run:
 
 
 class _Hooks:
-    """The hooks of one phase: thermo (every rank joins the reductions), frames
-    and checkpoints."""
+    """What a phase records: thermo rows and frames at the steps
+    :func:`~nvalchemi.distributed._outputs.output_due` names (counted over the
+    whole run), and checkpoints."""
 
     def __init__(self, run: _Run, dp: DomainParallel, phase: str, offset: int) -> None:
         self.run, self.dp, self.phase, self.offset = run, dp, phase, offset
         self.say = run.bar.write if run.bar is not None else print
-        self.t_last, self.step_last = time.perf_counter(), dp.dynamics.step_count
+        self.t_last, self.step_last = time.perf_counter(), offset + dp.dynamics.step_count
 
-    def thermo(self, ctx: Any) -> None:
+    def record(self, step: int) -> None:
+        """The thermo row and the frame due at the global ``step``, if any.
+        **Collective** (every rank calls it at the same steps)."""
+        args = self.run.args
+        total = args.nvt_steps + args.nve_steps
+        thermo = output_due(step, args.thermo_every, total)
+        frame = output_due(step, args.traj_every, total) and _has_ase()
+        if not (thermo or frame):
+            return
+        failed: Exception | None = None
+        try:
+            if thermo:
+                self.thermo(step)
+            if frame:
+                whole = self.dp.gather(0)  # every rank: rank 0 writes
+                if whole is not None and self.run.traj is not None:
+                    self.run.traj.append(whole.to_ase(), step)
+        except Exception as exc:  # rank 0's files (a full disk): every rank stops here
+            failed = exc
+        if any_rank(failed is not None, self.dp.group):
+            if failed is not None:
+                raise failed
+            raise CommunicationError(
+                f"rank {self.run.rank}: stopped at step {step}: another rank failed "
+                "recording the outputs"
+            )
+
+    def thermo(self, step: int) -> None:
         dyn = self.dp.dynamics
-        ke = float(kinetic_energy(ctx.batch, dyn.reducer).sum())
-        n_total = float(dyn.reducer.sum(torch.tensor([float(ctx.batch.n_atoms)]))[0])
+        dyn.ensure_forces()
+        self.dp.totals(("energy",))
+        batch = dyn.batch
+        ke = float(kinetic_energy(batch, dyn.reducer).sum())
+        n_total = float(dyn.reducer.sum(torch.tensor([float(batch.n_atoms)]))[0])
         counts = self.dp.sharded.owned_counts
-        epot = float(ctx.batch.energy.sum())
+        epot = float(batch.energy.sum())
         now = time.perf_counter()
-        ms = 1000.0 * (now - self.t_last) / max(1, ctx.step - self.step_last)
-        self.t_last, self.step_last = now, ctx.step
+        ms = (
+            1000.0 * (now - self.t_last) / (step - self.step_last) if step > self.step_last else 0.0
+        )
+        self.t_last, self.step_last = now, step
         if self.run.thermo is None:
             return
         row = {
-            "step": float(self.offset + ctx.step),
+            "step": float(step),
             "T": 2.0 * ke / (3.0 * n_total * KB_EV_PER_K),
             "E_pot": epot,
             "E_kin": ke,
@@ -205,10 +261,12 @@ class _Hooks:
             "atoms_max": float(max(counts)),
             "ms_per_step": ms,
         }
+        # Nose-Hoover / NPT: the extended energy, and V, P (from a step's sums: from
+        # the phase's first step on; NaN in the row of step 0)
         conserved = getattr(dyn, "conserved_energy", None)
-        if conserved is not None:  # Nose-Hoover / NPT: the extended energy, and V, P
+        if conserved is not None and dyn.step_count > 0:
             row["E_ext"] = float(conserved().sum())
-        if isinstance(dyn, MTKNPT):
+        if isinstance(dyn, MTKNPT) and dyn.step_count > 0:
             row["V"], row["P_bar"] = float(dyn.volume().sum()), float(dyn.pressure().mean())
         self.run.thermo.append(row)
         self.say(
@@ -216,10 +274,6 @@ class _Hooks:
             f"{row['E_tot']:14.6f} {int(row['atoms_min']):>7d}-{int(row['atoms_max']):<7d} "
             f"{row['ms_per_step']:9.1f}",
         )
-
-    def frame(self, ctx: Any) -> None:
-        if self.run.traj is not None:
-            self.run.traj.append(ctx.batch.to_ase(), self.offset + ctx.step)
 
     def checkpoint(self, ctx: Any) -> None:
         step = self.offset + ctx.step
@@ -247,18 +301,23 @@ def _run_phase(
         else:
             dp.partition(batch)
         hooks = _Hooks(run, dp, phase, offset)
-        dp.register_hook(
-            HookStage.AFTER_STEP, hooks.thermo, every=args.thermo_every, needs=["energy"]
-        )
-        if run.traj is not None or (args.traj_every > 0 and _has_ase()):
-            dp.register_hook(
-                HookStage.AFTER_STEP, hooks.frame, every=args.traj_every, scope=HookScope.RANK_ZERO
-            )
         if args.checkpoint_every > 0:
             dp.register_hook(HookStage.AFTER_STEP, hooks.checkpoint)
         if run.bar is not None:
             dp.register_hook(HookStage.AFTER_STEP, lambda ctx: run.bar.update(1))
-        dp.run(max(0, n_steps - dyn.step_count))
+        # Run from one due output step to the next: rows and frames fall on
+        # global steps (0, every interval of the whole run, the last step),
+        # whatever the phase lengths.
+        step, end = offset + dyn.step_count, offset + n_steps
+        if step == 0:
+            hooks.record(0)
+        while step < end:
+            due = min(next_due(step, args.thermo_every, end), next_due(step, args.traj_every, end))
+            dp.run(due - step)
+            if offset + dyn.step_count == step:  # converged (a minimiser): no more steps
+                break
+            step = offset + dyn.step_count
+            hooks.record(step)
         final = dp.gather(0)
     return final, dp
 
@@ -305,6 +364,8 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
 
 def run_rank(args: argparse.Namespace) -> int:
     """One rank of ``nvdd run``; returns the process exit status."""
+    install_warning_format(int(os.environ.get("RANK", "0")))
+    quiet_warp()
     backend = "nccl" if args.device == "cuda" else "gloo"
     env = init_distributed(backend=backend)
     device, rank = env.device, env.rank
@@ -328,20 +389,15 @@ def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
         print(
             f"nvdd run: {n} atoms on {env.world_size} {args.device} rank(s) ({env.backend}); "
             f"{args.ensemble} {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs{where}"
+            f"{'' if restart else getattr(args, 'velocity_note', '')}"
         )
         print(
             f"{'':>4} {'step':>7} {'T(K)':>9} {'E_pot(eV)':>14} {'E_tot(eV)':>14} "
             f"{'atoms/rank':>15} {'ms/step':>9}",
             flush=True,
         )
-        try:
-            from tqdm import tqdm
-
-            done = restart["step"] if restart else 0
-            total = args.nvt_steps + args.nve_steps
-            run.bar = tqdm(total=total, initial=min(done, total), unit="step", leave=False)
-        except ImportError:
-            run.bar = None
+        done = restart["step"] if restart else 0
+        run.bar = progress_bar(args.nvt_steps + args.nve_steps, done)  # on a terminal
     t0 = time.perf_counter()
     placeholder = _empty(dtype, device)
     state: Batch | None = start
@@ -364,10 +420,11 @@ def _report(
 ) -> None:
     args, out = run.args, run.out
     steps = args.nvt_steps + args.nve_steps
+    rebuilds = dp.stats.rebuilds
     print(
         f"done: {steps} steps in {elapsed:.1f} s ({1000 * elapsed / max(1, steps):.1f} "
-        f"ms/step); halo rebuilds {dp.stats.rebuilds}, last step's collectives "
-        f"{dict(dp.stats.last_collectives)}"
+        f"ms/step); the NVE phase built its halo {rebuilds} time{'s' if rebuilds != 1 else ''} "
+        "(at its start, then whenever an atom had moved more than half the skin)"
     )
     rows = run.thermo.rows if run.thermo is not None else []
     written = []

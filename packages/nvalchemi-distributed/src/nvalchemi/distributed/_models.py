@@ -31,7 +31,7 @@ def _mace_modules() -> Any:
         import nvdd.models as models
     except ImportError as exc:
         raise OptionalDependencyError(
-            "nvdd-models", "nvdd run --model mace", extra="nvdd-models[mace]"
+            "nvdd-models", "nvdd run --model mace", extra="nvdd-models[mace]", cause=exc
         ) from exc
     return models
 
@@ -74,7 +74,7 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         from nvdd.models import LennardJones, LJConfig
     except ImportError as exc:
         raise OptionalDependencyError(
-            "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]"
+            "nvdd-models", "nvdd run", extra="nvalchemi-distributed[models]", cause=exc
         ) from exc
     from nvalchemi.distributed._checks import lj_species
 

@@ -1,4 +1,5 @@
-"""The files ``nvdd run`` writes on rank 0, none of them ever half-written.
+"""The files ``nvdd run`` writes on rank 0, none of them ever half-written,
+none of them empty (a file is created with its first row or frame).
 
 - ``thermo.csv``: streamed, one whole row per thermo step (:class:`ThermoLog`);
 - ``trajectory.extxyz``: streamed, one whole frame per trajectory step
@@ -19,7 +20,15 @@ from typing import Any
 
 from nvdd.core import AppendLog, atomic_write
 
-__all__ = ["THERMO_KEYS", "ThermoLog", "TrajectoryLog", "nve_drift_per_atom", "write_plot"]
+__all__ = [
+    "THERMO_KEYS",
+    "ThermoLog",
+    "TrajectoryLog",
+    "next_due",
+    "nve_drift_per_atom",
+    "output_due",
+    "write_plot",
+]
 
 #: Columns of thermo.csv.
 THERMO_KEYS = (
@@ -36,6 +45,42 @@ THERMO_KEYS = (
     "V",
     "P_bar",
 )
+
+
+class _LazyLog:
+    """An :class:`~nvdd.core.AppendLog` opened at its first record, so that a
+    run that records nothing leaves no empty file behind."""
+
+    def __init__(self, path: Path, *, keep: bool, header: str | None = None) -> None:
+        self.path, self._keep, self._header = path, keep, header
+        self._log: AppendLog | None = None
+        self._closed = False
+
+    def append(self, record: str) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: closed")
+        if self._log is None:
+            self._log = AppendLog(self.path, keep=self._keep, header=self._header)
+        self._log.append(record)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._log is not None:
+            self._log.close()
+
+
+def output_due(step: int, every: int, total: int) -> bool:
+    """Whether a thermo row (or a frame) with period ``every`` is due at the
+    global ``step`` of a run of ``total`` steps: step 0, every multiple of
+    ``every`` counted over the whole run (not per phase), and the last step.
+    ``every <= 0``: never."""
+    return every > 0 and (step == 0 or step % every == 0 or step == total)
+
+
+def next_due(step: int, every: int, stop: int) -> int:
+    """The next multiple of ``every`` after ``step``, at most ``stop`` (``stop``
+    for ``every <= 0``)."""
+    return min(stop, (step // every + 1) * every) if every > 0 else stop
 
 
 class ThermoLog:
@@ -59,7 +104,7 @@ class ThermoLog:
             self.rows = [r for r in _read_rows(path) if r["step"] <= keep_until]
             with atomic_write(path) as f:
                 f.write(header + "".join(_line(r) for r in self.rows))
-        self._log = AppendLog(path, keep=keep_until is not None, header=header)
+        self._log = _LazyLog(path, keep=keep_until is not None, header=header)
 
     def append(self, row: dict[str, float]) -> None:
         """Record and stream one row (keys :data:`THERMO_KEYS`)."""
@@ -108,7 +153,7 @@ class TrajectoryLog:
             with atomic_write(path) as f:
                 f.write(buf.getvalue())
             self.frames = len(kept)
-        self._log = AppendLog(path, keep=keep_until is not None)
+        self._log = _LazyLog(path, keep=keep_until is not None)
 
     def append(self, atoms: list[Any], step: int) -> None:
         """Append the frame(s) of ``atoms`` (ASE Atoms), tagged with ``step``."""

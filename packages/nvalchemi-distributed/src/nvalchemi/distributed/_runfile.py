@@ -69,7 +69,7 @@ def _component(entry: dict[str, Any]) -> Any:
         import nvdd.models as m
     except ImportError as exc:
         raise OptionalDependencyError(
-            "nvdd-models", "--run-file", extra="nvalchemi-distributed[models]"
+            "nvdd-models", "--run-file", extra="nvalchemi-distributed[models]", cause=exc
         ) from exc
     entry = dict(entry)
     kind = entry.pop("kind", None)
@@ -164,7 +164,7 @@ def build_system(
             from ase.io import read
         except ImportError as exc:
             raise OptionalDependencyError(
-                "ase", "--run-file structure", extra="nvdd-core[ase]"
+                "ase", "--run-file structure", extra="nvdd-core[ase]", cause=exc
             ) from exc
         batch = Batch.from_ase(read(system["structure"]), dtype=dtype, device=device)
         if "charges" in system:

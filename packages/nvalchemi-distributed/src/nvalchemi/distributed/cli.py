@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from nvalchemi.distributed.__about__ import __version__
+
 __all__ = ["build_parser", "main"]
 
 #: Seconds torchrun gets to stop its workers after a forwarded signal.
@@ -35,6 +37,9 @@ STOP_GRACE_S = 40.0
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``nvdd`` (``run`` and its options, in groups)."""
     p = argparse.ArgumentParser(prog="nvdd", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__} (nvalchemi-distributed)"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",
@@ -93,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Lennard-Jones epsilon (eV) and sigma (A) of an element, e.g. Cu:0.415:2.28; "
         "repeat per element (argon is built in); every element of --structure needs one",
     )
-    system.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    system.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float64",
+        help="floating-point precision of positions, forces and the model",
+    )
 
     dyn = run.add_argument_group("dynamics")
     system.add_argument(
@@ -124,10 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
     dyn.add_argument("--dt", type=float, default=4.0, help="time step, fs")
     dyn.add_argument("--temperature", type=float, default=94.0, help="NVT temperature, K")
     dyn.add_argument("--friction", type=float, default=0.02, help="Langevin friction, 1/fs")
-    dyn.add_argument("--seed", type=int, default=0)
+    dyn.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed of the initial velocities and of the Langevin noise",
+    )
 
     out = run.add_argument_group("outputs")
-    out.add_argument("--out", default="runs/nvdd-run", help="output directory")
+    out.add_argument(
+        "--out",
+        default="runs/nvdd-run",
+        help="output directory (relative to the current directory)",
+    )
+    out.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show Warp's banner and module-load lines and every rank's warnings "
+        "(as NVDD_VERBOSE=1 does)",
+    )
     out.add_argument("--thermo-every", type=int, default=10, help="thermo table period, steps")
     out.add_argument(
         "--traj-every", type=int, default=50, help="extxyz frame period, steps (0: no trajectory)"
@@ -178,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # pragma: no cover - argparse enforces the choice
         return 2
+    if args.verbose:  # the ranks inherit it
+        os.environ["NVDD_VERBOSE"] = "1"
     ours = _ARGS_ENV in os.environ  # started by our launcher: already checked there
     if not (ours and _under_launcher()):
         from nvalchemi.distributed._checks import validate

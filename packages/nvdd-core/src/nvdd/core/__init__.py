@@ -48,6 +48,7 @@ from nvdd.core._errors import (
     NvddError,
     OptionalDependencyError,
     ValidationError,
+    import_optional,
 )
 from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._files import AppendLog, atomic_write
@@ -55,6 +56,7 @@ from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
 from nvdd.core._memo import TensorMemo
 from nvdd.core._outputs import ModelOutputs
+from nvdd.core._quiet import VERBOSE_ENV, init_warp, verbose
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks
 from nvdd.core._strain import (
     deformation_gradient,
@@ -103,6 +105,7 @@ __all__ = [
     "RecordedKernel",
     "StepGraph",
     "TensorMemo",
+    "VERBOSE_ENV",
     "ValidationError",
     "Watchdog",
     "__version__",
@@ -127,7 +130,9 @@ __all__ = [
     "emulated_capture",
     "get_rank",
     "get_world_size",
+    "import_optional",
     "init_distributed",
+    "init_warp",
     "install_teardown",
     "make_mesh",
     "make_step_graph",
@@ -140,5 +145,6 @@ __all__ = [
     "skin_exceeded",
     "spawn_ranks",
     "sum_by_system",
+    "verbose",
     "warp_stream",
 ]

@@ -31,7 +31,9 @@ def _ase() -> Any:
         import ase
         import ase.calculators.singlepoint
     except ImportError as exc:  # pragma: no cover - exercised only without ase
-        raise OptionalDependencyError("ase", "ASE conversion", extra="nvdd-core[ase]") from exc
+        raise OptionalDependencyError(
+            "ase", "ASE conversion", extra="nvdd-core[ase]", cause=exc
+        ) from exc
     return ase
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from nvdd.core._capture import capturing, record_launch
+from nvdd.core._quiet import init_warp
 from nvdd.core._warp_stream import warp_stream
 
 __all__ = ["RecordedKernel"]
@@ -47,8 +48,7 @@ _ARRAY_T: list[Any] = []
 
 def _warp() -> Any:
     if not _WARP:
-        wp = importlib.import_module("warp")
-        wp.init()
+        wp = init_warp()  # quiet unless NVDD_VERBOSE=1
         found = getattr(wp.types, "array_t", None)
         if found is None:
             try:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import warp as wp
 
-from nvdd.core import RecordedKernel, ValidationError
+from nvdd.core import RecordedKernel, ValidationError, init_warp
 from nvdd.halo._warp_kernels import (
     COUNT_LIMIT,
     MAX_IMAGE_SPAN,
@@ -58,7 +58,7 @@ META_ROW, META_IMAGE, META_ID, META_SYSTEM, META_WIDTH = 0, 1, 4, 5, 6
 @cache
 def _ready() -> bool:
     """Initialise Warp once (lazily: importing this module has no side effect)."""
-    _wp.init()
+    init_warp()  # quiet unless NVDD_VERBOSE=1
     for wdt in (_wp.float32, _wp.float64):
         a2, a3 = _wp.array2d(dtype=wdt), _wp.array3d(dtype=wdt)
         _wp.overload(compute_fractional_kernel, {"positions": a2, "inv_cell": a3, "frac": a2})

@@ -45,7 +45,7 @@ def _tad(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError as exc:
         raise OptionalDependencyError(
-            "tad-dftd3", "DFT-D3", extra="nvdd-models[longrange]"
+            "tad-dftd3", "DFT-D3", extra="nvdd-models[longrange]", cause=exc
         ) from exc
 
 

@@ -24,11 +24,11 @@ from typing import Any, cast
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs
+from nvdd.core import Batch, ModelOutputs, OptionalDependencyError
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, halo_spec
 from nvdd.models._mace_build import load_mace
-from nvdd.models._mace_deps import cueq_available, mace_module
+from nvdd.models._mace_deps import cueq_available, cueq_import_error, mace_module
 from nvdd.models._mace_spec import mace_graph_spec, mace_halo_spec
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._species import species_table
@@ -89,11 +89,15 @@ def _head_index(heads: list[str], head: str | None) -> int:
 
 def _to_cueq(mace: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """mace-torch's own e3nn -> cuEquivariance conversion (same weights)."""
-    if not cueq_available():
-        raise ConfigurationError(
-            "cueq=True needs cuequivariance-torch and its CUDA ops (pip install "
-            "cuequivariance-torch cuequivariance-ops-torch-cu12, or -cu13 for CUDA 13)"
-        )
+    missing = cueq_import_error()
+    if missing is not None:
+        raise OptionalDependencyError(
+            "cuequivariance-torch and its CUDA ops",
+            "MACEModel(cueq=True)",
+            install="pip install cuequivariance-torch cuequivariance-ops-torch-cu12 "
+            "(or -cu13 for CUDA 13)",
+            cause=missing,
+        ) from missing
     if type(mace).__name__ != "ScaleShiftMACE":
         raise config_error(
             f"mace-torch converts ScaleShiftMACE models to cuEquivariance, not {type(mace).__name__}"

@@ -32,7 +32,7 @@ from types import ModuleType
 
 from nvdd.core import OptionalDependencyError
 
-__all__ = ["cueq_available", "mace_module"]
+__all__ = ["cueq_available", "cueq_import_error", "mace_module"]
 
 _ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _EXTRA = "nvdd-models[mace]"
@@ -60,7 +60,7 @@ def _import_stack() -> None:
         missing = getattr(exc, "name", None) or "mace-torch"
         package = "e3nn" if missing.startswith("e3nn") else "mace-torch"
         raise OptionalDependencyError(
-            package, "the MACE wrapper (nvdd.models.MACEModel)", _EXTRA
+            package, "the MACE wrapper (nvdd.models.MACEModel)", _EXTRA, cause=exc
         ) from exc
     finally:
         if before is None:
@@ -90,12 +90,18 @@ def cueq_available() -> bool:
     ``cuequivariance-ops-torch-cu12`` / ``-cu13``) both import. Without the ops
     library cuequivariance-torch falls back to a naive implementation that
     mace-torch 0.3's converter cannot use, so that install counts as absent."""
+    return cueq_import_error() is None
+
+
+def cueq_import_error() -> ImportError | None:
+    """The error importing cuEquivariance raised (None when it imports): the
+    missing package itself, or one of its own dependencies."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             importlib.import_module("cuequivariance")
             importlib.import_module("cuequivariance_torch")
             importlib.import_module("cuequivariance_ops_torch")
-    except ImportError:
-        return False
-    return True
+    except ImportError as exc:
+        return exc
+    return None

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import OptionalDependencyError
+from nvdd.core import OptionalDependencyError, init_warp
 
 __all__ = ["elec", "launch_scope", "spline", "to_wp", "warp", "wp_types"]
 
@@ -30,15 +30,16 @@ def _import(name: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise OptionalDependencyError("nvalchemi-toolkit-ops", feature, extra=_EXTRA) from exc
+        raise OptionalDependencyError(
+            "nvalchemi-toolkit-ops", feature, extra=_EXTRA, cause=exc
+        ) from exc
 
 
 @cache
 def warp() -> Any:
     """The ``warp`` module, initialised once."""
-    wp = _import("warp", "Ewald / PME")
-    wp.init()
-    return wp
+    _import("warp", "Ewald / PME")
+    return init_warp()  # quiet unless NVDD_VERBOSE=1
 
 
 @cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from nvdd.core import ConfigurationError, RecordedKernel
+from nvdd.core import OptionalDependencyError, RecordedKernel, init_warp
 
 __all__ = ["Kernel", "declare_overloads", "warp_module"]
 
@@ -26,12 +26,11 @@ def warp_module() -> Any:
     try:
         import warp
     except ImportError as exc:  # pragma: no cover - warp is a declared dependency
-        raise ConfigurationError(
-            f"the Warp backend of nvdd.models needs warp-lang ({_INSTALL_HINT})"
+        raise OptionalDependencyError(
+            "warp-lang", "the Warp backend of nvdd.models", install=_INSTALL_HINT, cause=exc
         ) from exc
     wp: Any = warp  # Warp's stubs type its kernel language, not this use
-    wp.config.quiet = True
-    wp.init()
+    init_warp()  # quiet unless NVDD_VERBOSE=1
     return wp
 
 

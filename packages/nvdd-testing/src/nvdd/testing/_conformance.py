@@ -142,7 +142,10 @@ def _dynamics() -> Any:
         import nvdd.dynamics
     except ImportError as exc:
         raise OptionalDependencyError(
-            "nvdd-dynamics", "nvdd.testing.assert_dd_equivalent", "nvdd-testing[conformance]"
+            "nvdd-dynamics",
+            "nvdd.testing.assert_dd_equivalent",
+            "nvdd-testing[conformance]",
+            cause=exc,
         ) from exc
     return nvdd.dynamics
 

@@ -1,0 +1,64 @@
+"""What ``nvdd run`` prints besides its results: little, and once.
+
+- Python warnings: one line each, ``nvdd: warning: MESSAGE`` (no source path,
+  no code line), each message once per process; ranks other than 0 show none,
+  since every rank meets the same ones (all ranks, prefixed with the rank, with
+  ``NVDD_VERBOSE=1`` or ``--verbose``).
+- Warp's banner and module-load lines: off unless verbose
+  (:func:`nvdd.core.init_warp`).
+- The progress bar: only when stderr is a terminal (no carriage returns in logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import Any, TextIO
+
+from nvdd.core import init_warp, verbose
+
+__all__ = ["install_warning_format", "progress_bar", "quiet_warp"]
+
+
+def install_warning_format(rank: int) -> None:
+    """Show each warning of this process once, on one line without its source
+    path; on ranks other than 0 not at all unless verbose."""
+    seen: set[tuple[type, str]] = set()
+    loud = verbose()
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        key = (category, str(message))
+        if key in seen or (rank != 0 and not loud):
+            return
+        seen.add(key)
+        where = f" (rank {rank})" if loud else ""
+        out = file if file is not None else sys.stderr
+        with contextlib.suppress(OSError):  # stderr gone: a warning is not worth a crash
+            out.write(f"nvdd: warning{where}: {message}\n")
+
+    warnings.showwarning = show
+
+
+def quiet_warp() -> None:
+    """Initialise Warp now, quiet unless verbose (before any model imports it)."""
+    with contextlib.suppress(ImportError):  # the ranks report a missing Warp where used
+        init_warp()
+
+
+def progress_bar(total: int, initial: int) -> Any:
+    """A tqdm bar on stderr when stderr is a terminal and tqdm is installed; else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=min(initial, total), unit="step", leave=False)
