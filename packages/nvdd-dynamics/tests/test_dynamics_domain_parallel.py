@@ -416,7 +416,8 @@ def _hook_raises_every_way() -> dict:
 
 def _hook_raises(where: str) -> dict:
     """A hook raises at step 3 on every rank (before the forces: mid-step) or on
-    rank 1 only (after the step); then the save-on-error pattern gathers."""
+    rank 1 only (after the step, a hook with needs); then the save-on-error
+    pattern gathers. Rank 0 alone has a progress hook (LOCAL, no needs)."""
     dyn = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
     stage = HookStage.BEFORE_COMPUTE if where == "every" else HookStage.AFTER_STEP
     later: list[int] = []
@@ -427,7 +428,9 @@ def _hook_raises(where: str) -> dict:
 
     with DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=1.0), watchdog_s=40) as dp:
         dp.partition()
-        dp.register_hook(stage, full_disk)
+        if dp.rank == 0:
+            dp.register_hook(HookStage.AFTER_STEP, lambda c: None)  # not agreed on
+        dp.register_hook(stage, full_disk, needs=[] if where == "every" else ["energy"])
         dp.register_hook(stage, lambda c: later.append(c.step), scope=HookScope.RANK_ZERO)
         try:
             dp.run(6)

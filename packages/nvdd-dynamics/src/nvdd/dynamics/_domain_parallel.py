@@ -60,6 +60,14 @@ def _resolve_group(config: DomainConfig) -> ProcessGroup | None:
     return mesh  # type: ignore[no-any-return]
 
 
+def _forces_stale_after(dyn: BaseDynamics, stage: HookStage) -> None:
+    """After a hook raised between the drift and the forces, the forces belong to
+    the previous positions: mark them stale, so :meth:`DomainParallel.gather`
+    computes them at the positions it returns."""
+    if stage in (HookStage.AFTER_PRE_UPDATE, HookStage.BEFORE_COMPUTE):
+        dyn._forces_ready = False
+
+
 class DomainParallel:
     """Wraps any ``BaseDynamics`` subclass with spatial domain decomposition (or,
     with ``DomainConfig(strategy=StrategyKind.GRAPH_PARTITION)``, a node partition
@@ -266,11 +274,15 @@ class DomainParallel:
         So a hook registered after another sees its effects (e.g. a checkpoint
         written after the frame of the same step).
 
-        A hook that raises on some ranks stops the hooks on every rank: after
-        each hook the ranks agree (one all-reduce of a flag); where one raised,
-        it raises its own exception and the others a ``CommunicationError``
-        naming it, all at this stage of this step, so the state stays
-        consistent and :meth:`gather` works (the save-on-error pattern).
+        A hook every rank registers by contract (GLOBAL and RANK_ZERO hooks, and
+        hooks with ``needs``: the runner gathers or reduces for them) is agreed
+        on: after it the ranks learn whether it raised anywhere (one all-reduce
+        of a flag), and if it did, every rank raises at this stage of this step
+        (the failing ranks their own exception, the others a
+        ``CommunicationError`` naming them), so :meth:`gather` works after it
+        (the save-on-error pattern). A LOCAL hook without ``needs`` may be
+        registered on some ranks only (a progress bar on rank 0): it raises
+        where it failed, at once, as in one process.
         """
         needs = sorted(set().union(*(h.needs for h in hooks)))
         if needs:
@@ -279,6 +291,7 @@ class DomainParallel:
         gathered: Batch | None = None
         gathered_done = False
         for h in hooks:
+            agreed = h.scope is not HookScope.LOCAL or bool(h.needs)
             failure: Exception | None = None
             try:
                 if h.scope is HookScope.LOCAL:
@@ -292,9 +305,13 @@ class DomainParallel:
                         gathered, gathered_done = self.sharded.gather(0), True
                     if gathered is not None:
                         h.fn(self._ctx(gathered, stage))
-            except Exception as exc:  # agreed on below, then raised on every rank
-                failure = exc
-            self._agree_on_hook(dyn, stage, h, failure)
+            except Exception as exc:
+                if not agreed:
+                    _forces_stale_after(dyn, stage)
+                    raise
+                failure = exc  # agreed on below, then raised on every rank
+            if agreed:
+                self._agree_on_hook(dyn, stage, h, failure)
 
     def _agree_on_hook(
         self, dyn: BaseDynamics, stage: HookStage, hook: Hook, failure: Exception | None
@@ -303,15 +320,11 @@ class DomainParallel:
         all-reduce of a flag; after a failure, one all-gather of the messages).
 
         The failing ranks raise their own exception, the others a
-        ``CommunicationError`` naming the failing ranks, step and stage. A
-        failure after the drift and before the forces (``AFTER_PRE_UPDATE``,
-        ``BEFORE_COMPUTE``) marks the forces stale, so a later :meth:`gather`
-        computes them at the positions it returns.
+        ``CommunicationError`` naming the failing ranks, step and stage.
         """
         if not any_rank(failure is not None, self.group):  # a world of one: no collective
             return
-        if stage in (HookStage.AFTER_PRE_UPDATE, HookStage.BEFORE_COMPUTE):
-            dyn._forces_ready = False
+        _forces_stale_after(dyn, stage)
         if failure is not None and self.world_size == 1:
             raise failure
         name = getattr(hook.fn, "__qualname__", None) or repr(hook.fn)
