@@ -29,7 +29,8 @@ from nvdd.dynamics import (
 )
 from nvdd.testing import run_ranks
 
-pytestmark = pytest.mark.gloo
+# single-process DomainParallel runs here make a world of one in the test process
+pytestmark = [pytest.mark.gloo, pytest.mark.leaves_process_group]
 
 
 def _hot(kind: str = "periodic") -> Batch:

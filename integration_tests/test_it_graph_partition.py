@@ -15,7 +15,7 @@ import torch
 from it_ranks import run_dd, single, steady_collectives
 from it_systems import mace_model, oxide, wrapped_max_diff
 
-from nvdd.core import Batch, ConfigurationError
+from nvdd.core import Batch, ConfigurationError, shutdown_distributed
 from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 from nvdd.spec import DistributionSpec, StrategyKind
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
@@ -215,5 +215,8 @@ def test_a_mace_spec_of_the_other_strategy_is_refused(
     spec = model.distribution_spec(other)
     dyn = VelocityVerlet(model, _mace_system("periodic"), dt_fs=MACE_DT)
     config = DomainConfig(cutoff=model.cutoff, skin=MACE_SKIN, strategy=strategy)
-    with pytest.raises(ConfigurationError, match=rf"{spec.name} declares storage {other}"):
-        DomainParallel(dyn, config, spec=spec)
+    try:
+        with pytest.raises(ConfigurationError, match=rf"{spec.name} declares storage {other}"):
+            DomainParallel(dyn, config, spec=spec)
+    finally:
+        shutdown_distributed()  # DomainParallel made a world of one in this process

@@ -19,7 +19,8 @@ from nvdd.core import ValidationError, emulated_capture
 from nvdd.dynamics import DomainConfig, DomainParallel, HookStage, VelocityVerlet
 from nvdd.testing import run_ranks
 
-pytestmark = pytest.mark.gloo
+# single-process DomainParallel runs here make a world of one in the test process
+pytestmark = [pytest.mark.gloo, pytest.mark.leaves_process_group]
 
 _FIELDS = ("positions", "velocities", "forces", "energy")
 

@@ -34,6 +34,7 @@ cn_cutoff = 3.0
 """
 
 
+@pytest.mark.requires_extra("tad_dftd3", "nvdd-models[longrange]")  # the run file has D3
 def test_a_run_file_builds_a_pipeline_and_a_charged_crystal(tmp_path: Path) -> None:
     from nvdd.models import DFTD3, LennardJones, ParticleMeshEwald, PipelineModel
 

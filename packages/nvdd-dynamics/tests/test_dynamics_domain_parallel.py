@@ -369,12 +369,15 @@ def test_domain_parallel_runs_a_pipeline_model() -> None:
 
 
 def test_a_pipeline_spec_cannot_be_overridden() -> None:
-    from nvdd.core import ConfigurationError
+    from nvdd.core import ConfigurationError, shutdown_distributed
     from nvdd.dynamics import distributed_model_for  # noqa: F401 - the factory is public
 
     dyn = VelocityVerlet(_Pipeline(), make_gas(), dt_fs=2.0)
-    with pytest.raises(ConfigurationError, match="cannot override a pipeline's spec"):
-        DomainParallel(dyn, DomainConfig(cutoff=2.5), spec=SoftPair().distribution_spec())
+    try:
+        with pytest.raises(ConfigurationError, match="cannot override a pipeline's spec"):
+            DomainParallel(dyn, DomainConfig(cutoff=2.5), spec=SoftPair().distribution_spec())
+    finally:
+        shutdown_distributed()  # DomainParallel made a world of one in this process
 
 
 def _rebalanced_twice() -> dict:

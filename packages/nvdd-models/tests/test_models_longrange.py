@@ -42,6 +42,10 @@ from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
 ATOL = 1e-10
 
 
+#: DFT-D3 needs tad-dftd3 (the longrange extra): a skip without it, a failure in CI.
+D3 = pytest.mark.requires_extra("tad_dftd3", "nvdd-models[longrange]")
+
+
 def _vesin_csr(batch: Batch, cutoff: float) -> dict[str, torch.Tensor]:
     from vesin import NeighborList
 
@@ -121,7 +125,7 @@ def test_ewald_and_pme_equal_the_toolkit_on_vesin_lists() -> None:
     assert float((out["forces"] + COULOMB_EV_A * g).abs().max()) < 1e-10
 
 
-@pytest.mark.parametrize("kind", ["ewald", "pme", "d3"])
+@pytest.mark.parametrize("kind", ["ewald", "pme", pytest.param("d3", marks=D3)])
 def test_virial_is_the_strain_derivative(kind: str) -> None:
     batch = lr_batch("nacl-tri", shift=0.05)
     model = make_lr_model(kind)
@@ -133,6 +137,7 @@ def test_virial_is_the_strain_derivative(kind: str) -> None:
     assert torch.allclose(out["stress"][0], -out["virial"][0] / volume)
 
 
+@D3
 def test_dftd3_equals_tad_dftd3_open_and_periodic() -> None:
     import tad_dftd3
     from tad_dftd3.cutoff import Cutoff
@@ -175,7 +180,7 @@ def test_dftd3_equals_tad_dftd3_open_and_periodic() -> None:
     assert abs(float(periodic["energy"][0]) - float(atom_e[: batch.n_atoms].sum())) < 1e-10
 
 
-@pytest.mark.parametrize("kind", ["ewald", "pme", "d3"])
+@pytest.mark.parametrize("kind", ["ewald", "pme", pytest.param("d3", marks=D3)])
 def test_float32_agrees_with_float64(kind: str) -> None:
     batch = lr_batch("liquid-tri", shift=0.03)
     ref = make_lr_model(kind)(batch)
@@ -205,6 +210,7 @@ def test_charges_are_required_and_checked() -> None:
         make_lr_model("ewald")(batch, n_receivers=5)
 
 
+@D3
 def test_specs_must_name_the_methods_coupling() -> None:
     batch = lr_batch("nacl")
     with pytest.raises(ConfigurationError, match=r"global_coupling='mesh_sum'.*'reciprocal_sum'"):
@@ -258,7 +264,14 @@ _CI = {
     ("d3", "nacl-tri-4"),
 }
 _MATRIX = [
-    pytest.param(kind, case, marks=() if (kind, case) in _CI else pytest.mark.slow)
+    pytest.param(
+        kind,
+        case,
+        marks=[
+            *(() if (kind, case) in _CI else [pytest.mark.slow]),
+            *([D3] if kind == "d3" else []),
+        ],
+    )
     for kind in ("ewald", "pme", "d3")
     for case in sorted(LR_CASES)
 ]
@@ -273,6 +286,7 @@ def test_decomposed_equals_one_process_by_atom_id(kind: str, case: str) -> None:
         _check([r[step] for r in results], _oracle(kind, case, shift), case)
 
 
+@D3
 @pytest.mark.gloo
 def test_each_preset_selects_its_collective() -> None:
     """Ewald: ONE all-reduce of 2K + 1 numbers; PME: ONE all-reduce of the mesh; DFT-D3
@@ -305,6 +319,7 @@ def test_each_preset_selects_its_collective() -> None:
         _check([r[0] for r in narrow], ref, "carbon-2")
 
 
+@D3
 def test_pipeline_model_sums_its_components_on_one_process() -> None:
     from nvdd.models import LennardJones, LJConfig, PipelineModel
     from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope

@@ -58,3 +58,31 @@ def test_tolerance_fixture(tolerance: object, float_dtype: torch.dtype) -> None:
     assert isinstance(tol, Tolerance)
     assert tol == TOLERANCES[float_dtype]
     assert (tol.atol == 1e-10) == (float_dtype == torch.float64)
+
+
+_LEAKS = """
+import pytest
+import torch.distributed as dist
+from nvdd.core import init_distributed
+
+def test_leaks():
+    init_distributed(backend="gloo")
+
+@pytest.mark.leaves_process_group
+def test_leaks_and_says_so():
+    init_distributed(backend="gloo")
+
+def test_next_starts_clean():
+    assert not dist.is_initialized()
+"""
+
+
+def test_a_test_that_leaves_a_process_group_fails_and_the_next_starts_clean(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(_LEAKS)
+    res = pytester.runpytest_subprocess(*_P, "--strict-markers", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=3, errors=1)
+    res.stdout.fnmatch_lines(
+        ["*test_leaks left a torch.distributed process group initialised in the test process*"]
+    )
