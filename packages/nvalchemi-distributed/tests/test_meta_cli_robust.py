@@ -411,3 +411,35 @@ def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_pat
     assert steps == list(range(0, 45, 2))  # rows after the checkpoint were dropped, then redone
     assert (out / "trajectory.extxyz").read_text().count("Lattice=") == 23  # steps 0, 2, ..., 44
     assert "checkpoint/" in _outputs_listed(res.stdout)
+
+
+def test_console_shows_each_warning_once_without_its_path_and_no_bar_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import warnings
+
+    from nvalchemi.distributed import _console
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # restored after
+    monkeypatch.delenv("NVDD_VERBOSE", raising=False)
+    _console.install_warning_format(rank=0)
+    for _ in range(3):  # e.g. once per phase
+        warnings.showwarning(UserWarning("degenerate partition: x"), UserWarning, "/a/b.py", 7)
+    assert capsys.readouterr().err == "nvdd: warning: degenerate partition: x\n"
+    _console.install_warning_format(rank=1)  # other ranks: quiet unless verbose
+    warnings.showwarning(UserWarning("y"), UserWarning, "/a/b.py", 7)
+    assert capsys.readouterr().err == ""
+    assert _console.progress_bar(10, 0) is None  # stderr is not a terminal here
+    real = __import__("importlib").import_module
+
+    def no_mpl(name: str, package: str | None = None) -> object:
+        if name == "matplotlib":
+            raise ModuleNotFoundError("No module named 'kiwisolver'", name="kiwisolver")
+        return real(name, package)
+
+    monkeypatch.setattr(_console.importlib, "import_module", no_mpl)
+    assert _console.missing_outputs(trajectory=False) == [
+        "nvdd run: no energies.png: it needs matplotlib: pip install "
+        "'nvalchemi-distributed[demo]' (the import failed with ModuleNotFoundError: "
+        "No module named 'kiwisolver')"
+    ]

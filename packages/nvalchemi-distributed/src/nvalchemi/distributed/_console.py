@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import warnings
 from typing import Any, TextIO
 
 from nvdd.core import init_warp, verbose
 
-__all__ = ["install_warning_format", "progress_bar", "quiet_warp"]
+__all__ = ["install_warning_format", "missing_outputs", "progress_bar", "quiet_warp"]
 
 
 def install_warning_format(rank: int) -> None:
@@ -62,3 +63,28 @@ def progress_bar(total: int, initial: int) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, initial=min(initial, total), unit="step", leave=False)
+
+
+#: Outputs that need an optional package: (module, package, what is skipped).
+_OUTPUT_DEPS = (
+    ("ase.io", "ase", "trajectory.extxyz"),
+    ("matplotlib", "matplotlib", "energies.png"),
+)
+
+
+def missing_outputs(trajectory: bool) -> list[str]:
+    """One line per output the run will skip because its package does not import,
+    with the install hint and the import's own error."""
+    notes = []
+    for module, package, output in _OUTPUT_DEPS:
+        if output.startswith("trajectory") and not trajectory:
+            continue
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            notes.append(
+                f"nvdd run: no {output}: it needs {package}: pip install "
+                f"'nvalchemi-distributed[demo]' (the import failed with "
+                f"{type(exc).__name__}: {exc})"
+            )
+    return notes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -23,7 +24,12 @@ from nvalchemi.distributed._checks import (
     read_structure,
     restart_point,
 )
-from nvalchemi.distributed._console import install_warning_format, progress_bar, quiet_warp
+from nvalchemi.distributed._console import (
+    install_warning_format,
+    missing_outputs,
+    progress_bar,
+    quiet_warp,
+)
 from nvalchemi.distributed._models import AR_LATTICE, build_model, builtin_system
 from nvalchemi.distributed._outputs import (
     ThermoLog,
@@ -384,6 +390,8 @@ def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
     start = _load(args, dtype, device) if rank == 0 else None
     restart = run.restart
     if rank == 0:
+        for note in missing_outputs(args.traj_every > 0):
+            print(note, file=sys.stderr)
         n = start.n_atoms if start is not None else 0
         where = f"; restart from {args.restart} at step {restart['step']}" if restart else ""
         print(
