@@ -63,6 +63,11 @@ class DomainConfig:
         no exchanges), so ``DomainParallel`` on one GPU costs what the model
         costs. ``True`` runs the full halo path anyway (periodic images as ghost
         rows), to test or measure it on one device.
+    verify_model:
+        Check the model decomposed against one process at ``partition`` and refuse
+        it when they differ (:mod:`nvdd.dynamics._verify`). None (default): models
+        nvdd does not ship whose forces come from autograd; True: every model;
+        False: none.
     """
 
     cutoff: float
@@ -77,6 +82,7 @@ class DomainConfig:
     migration_hysteresis: float | None = None
     load_balance: bool = False
     halo_on_one_rank: bool = False
+    verify_model: bool | None = None
 
     def __post_init__(self) -> None:
         cutoff, skin = _real("cutoff", self.cutoff), _real("skin", self.skin)
@@ -111,6 +117,10 @@ class DomainConfig:
                     f"DomainConfig.{given[0]} applies to StrategyKind.HALO only; "
                     "StrategyKind.GRAPH_PARTITION splits atoms by index and never migrates them"
                 )
+        if self.verify_model is not None and not isinstance(self.verify_model, bool):
+            raise ConfigurationError(
+                f"DomainConfig.verify_model must be None or a bool, got {self.verify_model!r}"
+            )
         if not isinstance(self.compile, bool):
             raise ConfigurationError(f"DomainConfig.compile must be a bool, got {self.compile!r}")
         if not isinstance(self.mesh_dim, str) or not self.mesh_dim:

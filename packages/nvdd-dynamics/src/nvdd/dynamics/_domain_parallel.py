@@ -30,6 +30,7 @@ from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
+from nvdd.dynamics._verify import needs_verification, verify_model
 from nvdd.partition import BalanceMode, IndexShardedBatch, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
 
@@ -203,6 +204,7 @@ class DomainParallel:
             _checkpoint.check_adoptable(sharded, ghost_width)
             state = sharded
         else:
+            self._verify(batch, ghost_width)
             state = self._scatter(batch, ghost_width)
         self.model.attach(state)
         self._sharded = state
@@ -215,6 +217,33 @@ class DomainParallel:
         dyn._forces_ready = False
         dyn.heartbeat = _progress.stage_beat(self)
         return state
+
+    def _verify(self, batch: Batch | None, ghost_width: float) -> None:
+        """Refuse a model that differs decomposed from one process (``_verify``).
+
+        **Collective** over the world (only where the scope is the whole world,
+        rank 0 the source and the strategy HALO with a plain model)."""
+        dm = self.model
+        whole_world = self.group is None or get_world_size(self.group) == dist.get_world_size()
+        if (
+            self.world_size < 2
+            or type(dm) is not DistributedModel
+            or not whole_world
+            or self.src != 0
+            or not needs_verification(dm.model, dm.spec, self.config.verify_model)
+        ):
+            return
+        source = batch if batch is not None else self.dynamics.batch
+        if not isinstance(source, Batch):  # a non-source rank's placeholder: only read there
+            source = Batch(torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64))
+        verify_model(
+            dm.model,
+            dm.spec,
+            source,
+            is_source=self.rank == self.src,
+            ghost_width=ghost_width,
+            skin=self.config.skin,
+        )
 
     def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch | IndexShardedBatch:
         cfg = self.config

@@ -345,7 +345,7 @@ def trace_and_validate(
     if isinstance(model, torch.nn.Module):
         model.to(dev)  # the reference runs where the decomposed run will
     is_root = not collective or dist.get_rank() == 0
-    ref = _probe_single(model, batch.to(dev)) if is_root else None
+    ref = _reference(model, batch.to(dev), is_root, collective)
 
     candidates: list[tuple[str | None, MLIPSpec]] = []
     inferred = False
@@ -385,6 +385,29 @@ def trace_and_validate(
             break
     assert report is not None
     return report
+
+
+class ReferenceRunError(ConfigurationError):
+    """The single-process reference forward raised (on rank 0, reported on every rank)."""
+
+
+def _reference(model: Any, batch: Batch, is_root: bool, collective: bool) -> dict[str, Any] | None:
+    """The single-process run on the root. Under a process group every rank learns
+    whether it raised (**Collective**), so none is left waiting in the decomposed run."""
+    if not collective:
+        return _probe_single(model, batch) if is_root else None
+    ref, failure = None, None
+    if is_root:
+        try:
+            ref = _probe_single(model, batch)
+        except Exception as exc:  # reported on every rank below
+            failure = f"{type(exc).__name__}: {exc}"
+    failure = broadcast(failure)
+    if failure is not None:
+        raise ReferenceRunError(
+            f"trace_and_validate: the single-process reference run raised on rank 0: {failure}"
+        )
+    return ref
 
 
 def _run_spawned(
