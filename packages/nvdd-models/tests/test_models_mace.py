@@ -369,6 +369,7 @@ def test_cueq_without_its_dependencies_says_what_failed_to_import(
 
     from nvdd.core import OptionalDependencyError
     from nvdd.models import _mace_deps
+    from nvdd.models._mace import _to_cueq
 
     real = importlib.import_module
 
@@ -379,8 +380,31 @@ def test_cueq_without_its_dependencies_says_what_failed_to_import(
 
     monkeypatch.setattr(_mace_deps.importlib, "import_module", failing)
     with pytest.raises(OptionalDependencyError) as info:
-        MACEModel(_mace(), cueq=True)
+        _to_cueq(torch.nn.Linear(1, 1), torch.device("cpu"))  # what MACEModel(cueq=True) calls
     message = str(info.value)
     assert message.startswith("MACEModel(cueq=True) needs cuequivariance-torch")
     assert "pip install cuequivariance-torch" in message
     assert "(the import failed with ModuleNotFoundError: No module named 'platformdirs')" in message
+
+
+def test_importing_mace_prints_no_cueq_notice_unless_verbose(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mace-torch 0.3 prints this line at import in every process when
+    cuEquivariance does not import; nvdd's import of the stack keeps it back
+    (other output stays) unless NVDD_VERBOSE=1."""
+    from nvdd.models import _mace_deps
+
+    notice = (
+        "cuequivariance or cuequivariance_torch is not available. Cuequivariance "
+        "acceleration will be disabled."
+    )
+    monkeypatch.delenv("NVDD_VERBOSE", raising=False)
+    with _mace_deps._without_cueq_notice():
+        print(notice)
+        print("another line")
+    assert capsys.readouterr().out == "another line\n"
+    monkeypatch.setenv("NVDD_VERBOSE", "1")
+    with _mace_deps._without_cueq_notice():
+        print(notice)
+    assert capsys.readouterr().out == notice + "\n"

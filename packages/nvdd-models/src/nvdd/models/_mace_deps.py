@@ -25,18 +25,24 @@ load files you trust (unpickling can run arbitrary code).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 
-from nvdd.core import OptionalDependencyError
+from nvdd.core import OptionalDependencyError, verbose
 
 __all__ = ["cueq_available", "cueq_import_error", "mace_module"]
 
 _ENV = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 _EXTRA = "nvdd-models[mace]"
 _imported = False
+#: What mace-torch prints at import when cuEquivariance does not import.
+_CUEQ_NOTICE = "cuequivariance or cuequivariance_torch is not available"
 
 
 def _import_stack() -> None:
@@ -53,9 +59,10 @@ def _import_stack() -> None:
             # constants file, and e3nn's code generation warns about TorchScript
             # annotations: both are about the third-party import, not the caller.
             warnings.simplefilter("ignore")
-            importlib.import_module("mace")
-            importlib.import_module("e3nn.o3")
-            importlib.import_module("mace.modules")
+            with _without_cueq_notice():
+                importlib.import_module("mace")
+                importlib.import_module("e3nn.o3")
+                importlib.import_module("mace.modules")
     except ImportError as exc:
         missing = getattr(exc, "name", None) or "mace-torch"
         package = "e3nn" if missing.startswith("e3nn") else "mace-torch"
@@ -68,6 +75,24 @@ def _import_stack() -> None:
         else:
             os.environ[_ENV] = before
     _imported = True
+
+
+@contextlib.contextmanager
+def _without_cueq_notice() -> Iterator[None]:
+    """mace-torch prints "cuequivariance ... is not available" at import, in every
+    process; keep stdout's other lines, and that one only with ``NVDD_VERBOSE=1``
+    (``MACEModel(cueq=True)`` says why cuEquivariance cannot be used)."""
+    if verbose():
+        yield
+        return
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        kept = [line for line in buf.getvalue().splitlines(True) if _CUEQ_NOTICE not in line]
+        if kept:
+            sys.stdout.write("".join(kept))
 
 
 def mace_module(name: str) -> ModuleType:
