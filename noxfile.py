@@ -264,9 +264,10 @@ def docs(session: nox.Session) -> None:
 @nox.session(venv_params=VENV_PARAMS)
 def demo(session: nox.Session) -> None:
     """The main job: `nvdd run` on CPU ranks over gloo (a built-in argon box, LJ,
-    NVT then NVE), output in runs/demo. Extra arguments go to `nvdd run`."""
+    NVT then NVE), output in runs/demo (replaced on each run). Extra arguments go
+    to `nvdd run`."""
     _install(session, ["nvalchemi-distributed"], extras=True, groups=())
-    args = session.posargs or ["--nproc", "2", "--out", "runs/demo"]
+    args = session.posargs or ["--nproc", "2", "--out", "runs/demo", "--overwrite"]
     session.run("nvdd", "run", *args)
 
 

@@ -63,7 +63,8 @@ _RUN_FILES = {
 
 
 @pytest.fixture
-def structures(tmp_path: Path) -> Path:
+def structures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # (the default --out is relative and must be new or empty)
     (tmp_path / "cu.xyz").write_text("2\n\nCu 0 0 0\nCu 1.8 0 0\n")
     (tmp_path / "xx.xyz").write_text("1\n\nXx 0 0 0\n")
     (tmp_path / "garbage.xyz").write_text("not a structure\n")
@@ -185,8 +186,8 @@ def test_the_elements_of_a_mace_model_file_are_read_without_loading_it(
 ) -> None:
     """--model-file: its atomic_numbers are read with an unpickler that resolves no
     class of the file (mace-torch is not even imported); the structure's elements
-    are checked against them before launch. A file it cannot read is left to the
-    ranks (no false error)."""
+    are checked against them before launch. A file that is no model is refused
+    before launch, naming it."""
     importorskip_extra("mace")
     import json
     import subprocess
@@ -218,7 +219,8 @@ def test_the_elements_of_a_mace_model_file_are_read_without_loading_it(
     ]
     assert validate(_args(*mace, str(structures / "oxide.xyz"))) == []
     junk = ["--model", "mace", "--model-file", str(tmp_path / "junk.model")]
-    assert validate(_args(*junk, "--structure", str(structures / "cu.xyz"))) == []
+    (problem,) = validate(_args(*junk, "--structure", str(structures / "cu.xyz")))
+    assert problem.startswith(f"--model-file {tmp_path / 'junk.model'}: not a model saved")
 
 
 def test_ranks_started_by_another_launcher_check_the_arguments_too(
@@ -273,6 +275,7 @@ def test_thermo_is_streamed_and_a_restart_keeps_rows_up_to_the_checkpoint(
     log.close()
     again = ThermoLog(tmp_path / "thermo.csv", keep_until=4)
     assert [r["step"] for r in again.rows] == [2.0, 4.0]
+    again.start()  # (the restart's first step succeeded: cut back, then stream)
     again.append({**row, "step": 6.5})
     again.close()
     text = (tmp_path / "thermo.csv").read_text().splitlines()

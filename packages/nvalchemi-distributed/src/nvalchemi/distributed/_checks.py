@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,17 +25,23 @@ __all__ = [
     "AR_EPSILON",
     "AR_SIGMA",
     "LJParams",
+    "MIN_DISTANCE",
+    "SYSTEM_FLAGS",
     "lj_species",
     "parse_lj",
     "read_structure",
+    "restart_notes",
     "restart_point",
     "structure_problems",
+    "system_options",
     "validate",
 ]
 
 #: Argon's Lennard-Jones epsilon (eV) and sigma (Angstrom): the built-in species.
 AR_EPSILON, AR_SIGMA = 0.0104, 3.40
 _MANIFEST = "manifest.json"
+#: Atoms closer than this (Angstrom) are refused as coincident or overlapping.
+MIN_DISTANCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -236,11 +244,44 @@ def structure_problems(label: str, atoms: Any, *, periodic: bool = False) -> lis
     flat = [a for a in range(3) if pbc[a] and not np.linalg.norm(cell[a]) > 0]
     if flat:
         out.append(f"{label}: periodic axes {flat} have no cell vector")
+    rows = cell[[a for a in range(3) if np.linalg.norm(cell[a]) > 0]]
+    singular = len(rows) >= 2 and bool(np.isfinite(rows).all())
+    if singular:
+        scale = float(np.abs(rows).max())
+        singular = int(np.linalg.matrix_rank(rows, tol=1e-9 * scale)) < len(rows)
+        if singular:
+            out.append(
+                f"{label}: the cell vectors {np.round(rows, 6).tolist()} are linearly "
+                "dependent (a cell of zero volume)"
+            )
     if periodic and not bool(np.all(pbc)):
         out.append(
             f"{label}: --ensemble npt needs a cell periodic on every axis, got pbc {pbc.tolist()}"
         )
+    if not out:
+        out += _coincident(label, atoms)
     return out
+
+
+def _coincident(label: str, atoms: Any) -> list[str]:
+    """The closest pair of atoms nearer than :data:`MIN_DISTANCE` (periodic images
+    included), as one problem; none without ASE's neighbour list."""
+    try:
+        from ase.neighborlist import neighbor_list
+    except ImportError:  # pragma: no cover - ase reads the structure in the first place
+        return []
+    i, j, d = neighbor_list("ijd", atoms, MIN_DISTANCE)  # type: ignore[no-untyped-call]
+    keep = i < j
+    if not keep.any():
+        return []
+    k = int(d[keep].argmin())
+    a, b, dist = int(i[keep][k]), int(j[keep][k]), float(d[keep][k])
+    more = int(keep.sum()) - 1
+    also = f" ({more} more such pair(s))" if more else ""
+    return [
+        f"{label}: atoms {a} and {b} are {dist:.3g} A apart, closer than {MIN_DISTANCE} A "
+        f"(coincident or overlapping atoms){also}"
+    ]
 
 
 def _names(numbers: list[int]) -> str:
@@ -301,7 +342,16 @@ def _model_options(args: argparse.Namespace) -> list[str]:
     from nvalchemi.distributed._model_args import model_args_problem
 
     problem = model_args_problem(args)
-    return [] if problem is None else [problem]
+    if problem is not None:
+        return [problem]
+    if getattr(args, "model", "lj") == "mace" and args.model_file:
+        from nvalchemi.distributed._model_peek import peek_mace_file
+
+        try:
+            peek_mace_file(args.model_file)
+        except ValueError as exc:
+            return [f"--model-file {args.model_file}: {exc}"]
+    return []
 
 
 def _ensemble(args: argparse.Namespace) -> list[str]:
@@ -339,20 +389,203 @@ def _run_file(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it (both resolved)."""
+    return path == folder or folder in path.parents
+
+
+def _output_dir(args: argparse.Namespace) -> list[str]:
+    """``--out``: a directory that can be created, and empty unless ``--overwrite``
+    or the run directory of the ``--restart`` checkpoint (``OUT/checkpoint``)."""
+    out = Path(args.out)
+    label = f"--out {args.out}"
+    if out.exists() and not out.is_dir():
+        return [f"{label}: exists and is not a directory"]
+    if not out.exists():
+        parent = out.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            return [f"{label}: cannot be created ({parent} is not a directory)"]
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return [f"{label}: cannot be created ({parent} is not writable)"]
+        return []
+    if not os.access(out, os.W_OK | os.X_OK):
+        return [f"{label}: not writable"]
+    here = out.resolve()
+    restart = Path(args.restart).resolve() if args.restart else None
+    overwrite = getattr(args, "overwrite", False)
+    if overwrite:
+        if restart is not None and _inside(restart, here):
+            return [f"{label}: --overwrite would delete the --restart checkpoint {args.restart}"]
+        if _inside(Path.cwd().resolve(), here) or here == Path.home().resolve():
+            return [f"{label}: --overwrite will not delete the working or home directory"]
+        return []
+    entries = sorted(os.listdir(out))
+    if not entries or (restart is not None and restart.parent == here):
+        return []
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    return [
+        f"{label}: not empty (holds {shown}); choose another --out, or pass --overwrite "
+        "to delete it first (a restart into it needs --restart OUT/checkpoint)"
+    ]
+
+
+#: ``nvdd run`` options that define the system, by their key in :func:`system_options`.
+SYSTEM_FLAGS = {
+    "run_file": "--run-file",
+    "structure": "--structure",
+    "cells": "--cells",
+    "model": "--model",
+    "model_file": "--model-file",
+    "cutoff": "--cutoff",
+    "lj": "--lj",
+    "dtype": "--dtype",
+    "strategy": "--strategy",
+}
+
+
+def system_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options that define the system and its model (paths resolved; only
+    those this run uses), as a checkpoint stores them and a restart compares them.
+
+    Raises
+    ------
+    ValueError
+        On a malformed ``--lj``.
+    """
+    opts: dict[str, Any] = {"dtype": args.dtype}
+    if args.run_file:
+        opts["run_file"] = str(Path(args.run_file).resolve())
+    else:
+        model = getattr(args, "model", "lj")
+        opts["model"] = model
+        if args.structure:
+            opts["structure"] = str(Path(args.structure).resolve())
+        else:
+            opts["cells"] = args.cells
+        if model == "mace":
+            model_file = getattr(args, "model_file", None)
+            opts["model_file"] = str(Path(model_file).resolve()) if model_file else None
+        else:
+            opts["cutoff"] = args.cutoff
+            opts["lj"] = sorted(
+                f"{p.symbol}:{p.epsilon}:{p.sigma}" for p in lj_species(args).values()
+            )
+    strategy = getattr(args, "strategy", None)
+    if strategy is not None:
+        opts["strategy"] = str(getattr(strategy, "value", strategy))
+    return opts
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "not given"
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def _system_mismatches(args: argparse.Namespace, saved: dict[str, Any]) -> list[str]:
+    try:
+        mine = system_options(args)
+    except ValueError:
+        return []  # (the bad --lj is reported by its own check)
+    out = []
+    for key in [k for k in SYSTEM_FLAGS if k in mine or k in saved]:
+        if mine.get(key) != saved.get(key):
+            out.append(
+                f"--restart {args.restart}: {SYSTEM_FLAGS[key]} is {_shown(mine.get(key))} "
+                f"here but was {_shown(saved.get(key))} in the run that wrote the checkpoint"
+            )
+    return out
+
+
+def _damaged_files(path: str, manifest: dict[str, Any]) -> list[str]:
+    """Every shard and the systems file: present, a readable ``.npz`` archive
+    holding the arrays the manifest names (its directory only; no array is read)."""
+    try:
+        files = [(str(s["file"]), manifest["atom_fields"]) for s in manifest["shards"]]
+        files.append((str(manifest["systems_file"]), manifest["system_fields"]))
+        keys = {name: [str(m["key"]) for m in fields] for name, fields in files}
+    except (KeyError, TypeError) as exc:
+        return [f"--restart {path}: its {_MANIFEST} is malformed (no {exc})"]
+    out = []
+    for name, wanted in keys.items():
+        file = Path(path) / name
+        if not file.is_file():
+            out.append(f"--restart {path}: {file} is missing")
+            continue
+        try:
+            with zipfile.ZipFile(file) as zf:
+                names = set(zf.namelist())
+        except (zipfile.BadZipFile, OSError) as exc:
+            out.append(
+                f"--restart {path}: {file} is damaged: not a readable .npz archive, "
+                f"truncated or overwritten ({exc})"
+            )
+            continue
+        missing = [k for k in wanted if f"{k}.npy" not in names]
+        if missing:
+            out.append(f"--restart {path}: {file} is damaged: it lacks the array(s) {missing}")
+    return out
+
+
 def _restart(args: argparse.Namespace) -> list[str]:
+    """The checkpoint: readable, written by a phase of this run (the same
+    ``--ensemble``; an NVE one after as many ``--nvt-steps``), the same system
+    options (:func:`system_options`, stored since 2026-12), intact files."""
     if not args.restart:
         return []
     try:
         manifest = restart_point(args.restart)
     except ValueError as exc:
         return [str(exc)]
-    cls = manifest.get("integrator", {}).get("class")
+    label = f"--restart {args.restart}"
+    integrator = manifest.get("integrator") or {}
+    cls = integrator.get("class")
     if cls not in FIRST_PHASE_CLASSES and cls != "VelocityVerlet":
         return [
-            f"--restart {args.restart}: written by a {cls} run, nvdd run restarts its own "
+            f"{label}: written by a {cls} run, nvdd run restarts its own "
             "phases (Langevin, NoseHooverNVT, MTKNPT, VelocityVerlet)"
         ]
-    return []
+    out = []
+    info = manifest.get("metadata") or {}
+    state = integrator.get("state") or {}
+    if cls in FIRST_PHASE_CLASSES and FIRST_PHASE_CLASSES[cls] != args.ensemble:
+        out.append(
+            f"{label}: written in an --ensemble {FIRST_PHASE_CLASSES[cls]} phase ({cls}), "
+            f"this run has --ensemble {args.ensemble}"
+        )
+    if cls == "VelocityVerlet" and "step" in info and "step_count" in state:
+        before = int(info["step"]) - int(state["step_count"])
+        if before != args.nvt_steps:
+            out.append(
+                f"{label}: written in the NVE phase after {before} steps of the first phase, "
+                f"this run has --nvt-steps {args.nvt_steps}"
+            )
+    saved = info.get("system")
+    if isinstance(saved, dict):
+        out += _system_mismatches(args, saved)
+    return out + _damaged_files(args.restart, manifest)
+
+
+def restart_notes(args: argparse.Namespace) -> list[str]:
+    """What a restart cannot check (a checkpoint written before the system
+    options were stored); empty otherwise."""
+    if not args.restart:
+        return []
+    try:
+        info = restart_point(args.restart).get("metadata") or {}
+    except ValueError:
+        return []
+    if isinstance(info.get("system"), dict):
+        return []
+    flags = ", ".join(SYSTEM_FLAGS.values())
+    return [
+        f"--restart {args.restart}: this checkpoint does not store the options that define "
+        f"the system ({flags}), so they cannot be checked against it: give the same ones"
+    ]
 
 
 #: Integrator class of the first phase, by ``--ensemble``.
@@ -367,6 +600,7 @@ CHECKERS: list[Callable[[argparse.Namespace], list[str]]] = [
     _ensemble,
     _run_file,
     _restart,
+    _output_dir,
 ]
 
 

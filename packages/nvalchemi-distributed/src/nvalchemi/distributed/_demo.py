@@ -23,6 +23,7 @@ from nvalchemi.distributed._checks import (
     FIRST_PHASE_CLASSES,
     read_structure,
     restart_point,
+    system_options,
 )
 from nvalchemi.distributed._console import (
     install_warning_format,
@@ -176,6 +177,7 @@ class _Run:
         self.args, self.rank, self.world = args, rank, world
         self.out = Path(args.out)
         self.checkpoint_dir = self.out / "checkpoint"
+        self.system = system_options(args)  # stored with every checkpoint
         self.restart: dict[str, Any] | None = None
         if args.restart:
             meta = restart_point(args.restart)
@@ -196,6 +198,13 @@ class _Run:
             self.thermo = ThermoLog(self.out / "thermo.csv", keep_until=keep)
             if args.traj_every > 0 and _has_ase():
                 self.traj = TrajectoryLog(self.out / "trajectory.extxyz", keep_until=keep)
+
+    def start_logs(self, ctx: Any = None) -> None:
+        """The restart's first step succeeded: cut the streamed files back to the
+        checkpoint's step and write on (a no-op once started, and on fresh runs)."""
+        for log in (self.thermo, self.traj):
+            if log is not None:
+                log.start()
 
     def close(self) -> None:
         for log in (self.thermo, self.traj):
@@ -284,8 +293,25 @@ class _Hooks:
     def checkpoint(self, ctx: Any) -> None:
         step = self.offset + ctx.step
         if step % self.run.args.checkpoint_every == 0:
-            self.dp.save(self.run.checkpoint_dir, metadata={"phase": self.phase, "step": step})
+            info = {"phase": self.phase, "step": step, "system": self.run.system}
+            self.dp.save(self.run.checkpoint_dir, metadata=info)
             self.run.checkpoints += 1
+
+
+#: Integrator attributes set from this run's options that a restart keeps
+#: (``load`` restores the checkpoint's; the dynamics options may change between
+#: segments of a run).
+_APPLIED = (
+    "dt_fs",
+    "temperature_K",
+    "friction_per_fs",
+    "seed",
+    "tau_fs",
+    "tau_t_fs",
+    "tau_p_fs",
+    "pressure_bar",
+    "cell_dof",
+)
 
 
 def _run_phase(
@@ -303,10 +329,15 @@ def _run_phase(
         warnings.filterwarnings("ignore", category=UserWarning)
     with dp:
         if run.restart is not None and run.restart["phase"] == phase:
+            given = {k: getattr(dyn, k) for k in _APPLIED if hasattr(dyn, k)}
             dp.load(args.restart)
+            for key, value in given.items():  # this run's options, not the checkpoint's
+                setattr(dyn, key, value)
         else:
             dp.partition(batch)
         hooks = _Hooks(run, dp, phase, offset)
+        if run.restart is not None and run.rank == 0:
+            dp.register_hook(HookStage.AFTER_STEP, run.start_logs)
         if args.checkpoint_every > 0:
             dp.register_hook(HookStage.AFTER_STEP, hooks.checkpoint)
         if run.bar is not None:
@@ -393,7 +424,11 @@ def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
         for note in missing_outputs(args.traj_every > 0):
             print(note, file=sys.stderr)
         n = start.n_atoms if start is not None else 0
-        where = f"; restart from {args.restart} at step {restart['step']}" if restart else ""
+        where = ""
+        if restart:
+            where = (
+                f"; restart from {args.restart} at step {restart['step']}: {_to_run(run)} to run"
+            )
         print(
             f"nvdd run: {n} atoms on {env.world_size} {args.device} rank(s) ({env.backend}); "
             f"{args.ensemble} {args.nvt_steps} + NVE {args.nve_steps} steps of {args.dt} fs{where}"
@@ -416,6 +451,7 @@ def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
     nve = VelocityVerlet(model, state if state is not None else placeholder, dt_fs=args.dt)
     final, dp = _run_phase(run, nve, "NVE", args.nvt_steps, args.nve_steps, state)
     elapsed = time.perf_counter() - t0
+    run.start_logs()  # (a restart with no step left: the files end at the checkpoint)
     if run.bar is not None:
         run.bar.close()
     if rank == 0 and final is not None:
@@ -423,14 +459,26 @@ def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:
     return 0
 
 
+def _steps_run(run: _Run) -> int:
+    """Steps this run takes: all of both phases, or those after the restart's step."""
+    total = int(run.args.nvt_steps) + int(run.args.nve_steps)
+    return max(0, total - int(run.restart["step"])) if run.restart else total
+
+
+def _to_run(run: _Run) -> str:
+    n = _steps_run(run)
+    return f"{n} step{'' if n == 1 else 's'}"
+
+
 def _report(
     run: _Run, final: Batch, model: Any, start: Batch | None, dp: DomainParallel, elapsed: float
 ) -> None:
     args, out = run.args, run.out
-    steps = args.nvt_steps + args.nve_steps
+    steps = _steps_run(run)
+    since = f" (restart from step {run.restart['step']})" if run.restart else ""
     rebuilds = dp.stats.rebuilds
     print(
-        f"done: {steps} steps in {elapsed:.1f} s ({1000 * elapsed / max(1, steps):.1f} "
+        f"done: {_to_run(run)}{since} in {elapsed:.1f} s ({1000 * elapsed / max(1, steps):.1f} "
         f"ms/step); the NVE phase built its halo {rebuilds} time{'s' if rebuilds != 1 else ''} "
         "(at its start, then whenever an atom had moved more than half the skin)"
     )

@@ -7,20 +7,20 @@ structure's elements up front, so :func:`mace_file_elements` unpickles the file
 with every class outside a few plain containers and torch's tensor rebuilders
 replaced by an inert stand-in that only keeps its state: nothing from mace-torch
 is imported, nothing from the file runs, and it takes a fraction of a second.
-Whatever it cannot read (another layout, a TorchScript archive that does not
-load) gives None, and the check is left to the ranks, which load the model for real.
+:func:`peek_mace_file` also tells a file that is no model (truncated, a state
+dict, another library's object) from one that is, so ``nvdd run`` refuses it
+before launch, naming the file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import types
 import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["mace_file_elements"]
+__all__ = ["mace_file_elements", "peek_mace_file"]
 
 #: Globals the peek resolves for real: torch's tensor and storage rebuilders and
 #: plain containers (what ``torch.load`` needs to give tensors back).
@@ -83,21 +83,53 @@ def _buffers(obj: Any) -> dict[str, Any]:
     return buffers if isinstance(buffers, dict) else {}
 
 
+def peek_mace_file(path: str | Path) -> list[int] | None:
+    """Open the saved model ``path`` without running it and say what it is.
+
+    Returns the atomic numbers the model was built for, or None when it is
+    recognised as a mace-torch model (a pickled ``mace.*`` module, or a
+    TorchScript archive) but they cannot be read.
+
+    Raises
+    ------
+    ValueError
+        With a one-line reason when the file is no saved model: not a
+        ``torch.save`` file at all (truncated, another format), or one holding
+        something else (a state dict, a tensor, another library's object).
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            obj = torch.load(  # nosec B614 - the pickle's classes are never resolved
+                str(path), map_location="cpu", weights_only=False, pickle_module=_PICKLE
+            )
+        except Exception as exc:  # whatever a damaged or foreign file raises
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            first = detail.splitlines()[0].split(". ")[0][:200]
+            raise ValueError(
+                f"not a model saved with torch.save (truncated or another format: {first})"
+            ) from None
+    kind = type(obj)
+    module = getattr(kind, "__module__", "") or ""
+    scripted = isinstance(obj, torch.jit.ScriptModule)
+    if not (scripted or (isinstance(obj, _Inert) and module.split(".")[0] == "mace")):
+        what = f"{module}.{kind.__name__}" if isinstance(obj, _Inert) else kind.__name__
+        hint = " (weights only? save the whole model)" if isinstance(obj, dict) else ""
+        raise ValueError(f"holds a {what}, not a mace-torch model{hint}")
+    numbers = _buffers(obj).get("atomic_numbers")
+    if numbers is None and isinstance(getattr(obj, "atomic_numbers", None), torch.Tensor):
+        numbers = obj.atomic_numbers  # a TorchScript archive, loaded by torch.jit
+    if isinstance(numbers, torch.Tensor) and numbers.ndim == 1 and numbers.numel():
+        return [int(z) for z in numbers.tolist()]
+    return None
+
+
 def mace_file_elements(path: str | Path) -> list[int] | None:
     """The atomic numbers a saved mace-torch model was built for, or None when the
     file cannot be read without loading the model for real (local, cheap)."""
     try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
+        return peek_mace_file(path)
+    except (ValueError, ImportError):
         return None
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        obj = torch.load(  # nosec B614 - the pickle's classes are never resolved
-            str(path), map_location="cpu", weights_only=False, pickle_module=_PICKLE
-        )
-        numbers = _buffers(obj).get("atomic_numbers")
-        if numbers is None and isinstance(getattr(obj, "atomic_numbers", None), torch.Tensor):
-            numbers = obj.atomic_numbers  # a TorchScript archive, loaded by torch.jit
-        if isinstance(numbers, torch.Tensor) and numbers.ndim == 1 and numbers.numel():
-            return [int(z) for z in numbers.tolist()]
-    return None

@@ -8,13 +8,17 @@ none of them empty (a file is created with its first row or frame).
 - ``checkpoint/``: see ``nvdd.dynamics.save_checkpoint`` (atomic as a whole).
 
 On a restart the streamed files keep what was written up to the checkpoint's
-step (rewritten atomically) and continue from there.
+step and continue from there: they are cut back (rewritten atomically) only
+when the restart's first step succeeded (:meth:`ThermoLog.start`), so a restart
+that fails before leaves them as they were.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ __all__ = [
     "next_due",
     "nve_drift_per_atom",
     "output_due",
+    "remove_outputs",
     "write_plot",
 ]
 
@@ -92,28 +97,47 @@ class ThermoLog:
         The CSV file.
     keep_until:
         On a restart, the checkpoint's step: rows up to it are kept, later ones
-        (written after the checkpoint by the interrupted run) dropped. None: a
-        fresh file.
+        (written after the checkpoint by the interrupted run) dropped, but only
+        at :meth:`start` (the restart's first successful step); rows appended
+        before are held until then. None: a fresh file, started at once.
     """
 
     def __init__(self, path: Path, keep_until: int | None = None) -> None:
         self.path = path
         self.rows: list[dict[str, float]] = []
-        header = ",".join(THERMO_KEYS) + "\n"
-        if keep_until is not None and path.exists():
+        self._header = ",".join(THERMO_KEYS) + "\n"
+        self._log: _LazyLog | None = None
+        if keep_until is None:
+            self._log = _LazyLog(path, keep=False, header=self._header)
+        elif path.exists():
             self.rows = [r for r in _read_rows(path) if r["step"] <= keep_until]
-            with atomic_write(path) as f:
-                f.write(header + "".join(_line(r) for r in self.rows))
-        self._log = _LazyLog(path, keep=keep_until is not None, header=header)
+
+    @property
+    def started(self) -> bool:
+        """Whether the file is being written (a fresh run, or a restart's first step done)."""
+        return self._log is not None
+
+    def start(self) -> None:
+        """Cut the file back to the kept rows (atomically), write the rows held
+        since and stream from now on; nothing when already started."""
+        if self._log is not None:
+            return
+        if self.path.exists() or self.rows:  # the kept rows and those held since
+            with atomic_write(self.path) as f:
+                f.write(self._header + "".join(_line(r) for r in self.rows))
+        self._log = _LazyLog(self.path, keep=True, header=self._header)
 
     def append(self, row: dict[str, float]) -> None:
-        """Record and stream one row (keys :data:`THERMO_KEYS`)."""
-        self._log.append(_line(row))
+        """Record and stream one row (keys :data:`THERMO_KEYS`); held until
+        :meth:`start` on a restart."""
+        if self._log is not None:
+            self._log.append(_line(row))
         self.rows.append(row)
 
     def close(self) -> None:
-        """fsync and close."""
-        self._log.close()
+        """fsync and close (rows held on a restart that never started are dropped)."""
+        if self._log is not None:
+            self._log.close()
 
 
 def _line(row: dict[str, float]) -> str:
@@ -137,23 +161,41 @@ class TrajectoryLog:
     """``trajectory.extxyz``, one whole frame appended per call.
 
     ``keep_until``: as for :class:`ThermoLog` (frames carry ``step=`` in their
-    comment line).
+    comment line); on a restart the file is cut back and written only from
+    :meth:`start` on.
     """
 
     def __init__(self, path: Path, keep_until: int | None = None) -> None:
         self.path = path
         self.frames = 0
-        if keep_until is not None and path.exists():
+        self._keep_until = keep_until
+        self._held: list[str] = []
+        self._log: _LazyLog | None = None
+        if keep_until is None:
+            self._log = _LazyLog(path, keep=False)
+
+    def start(self) -> None:
+        """Cut the file back to the frames up to the checkpoint's step and write the
+        frames held since (atomically), then stream from now on; once."""
+        if self._log is not None:
+            return
+        kept: list[Any] = []
+        if self.path.exists():
             from ase.io import read, write
 
-            kept = [a for a in read(str(path), index=":") if int(a.info["step"]) <= keep_until]
+            limit = self._keep_until if self._keep_until is not None else math.inf
+            kept = [a for a in read(str(self.path), index=":") if int(a.info["step"]) <= limit]
             buf = io.StringIO()
             if kept:
                 write(buf, kept, format="extxyz")
-            with atomic_write(path) as f:
-                f.write(buf.getvalue())
-            self.frames = len(kept)
-        self._log = _LazyLog(path, keep=keep_until is not None)
+            with atomic_write(self.path) as f:
+                f.write(buf.getvalue() + "".join(self._held))
+        elif self._held:
+            with atomic_write(self.path) as f:
+                f.write("".join(self._held))
+        self.frames += len(kept)
+        self._held = []
+        self._log = _LazyLog(self.path, keep=True)
 
     def append(self, atoms: list[Any], step: int) -> None:
         """Append the frame(s) of ``atoms`` (ASE Atoms), tagged with ``step``."""
@@ -163,12 +205,34 @@ class TrajectoryLog:
             a.info["step"] = step
         buf = io.StringIO()
         write(buf, atoms, format="extxyz")
-        self._log.append(buf.getvalue())
+        if self._log is None:
+            self._held.append(buf.getvalue())
+        else:
+            self._log.append(buf.getvalue())
         self.frames += 1
 
     def close(self) -> None:
         """fsync and close."""
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
+
+
+def remove_outputs(out: str | os.PathLike[str]) -> None:
+    """Delete the directory ``out`` (an earlier run's outputs; ``--overwrite``):
+    renamed aside in one step first, so no run ever sees it half deleted, then
+    removed. Nothing when it does not exist.
+
+    Raises
+    ------
+    OSError
+        When it cannot be renamed (it is then left as it was).
+    """
+    path = Path(out)
+    if not path.exists():
+        return
+    aside = path.with_name(f".{path.name}.deleting-{os.getpid()}")
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_plot(rows: list[dict[str, float]], path: Path) -> bool:

@@ -3,7 +3,8 @@
 Example (LJ + Ewald on rock salt)::
 
     [system]
-    builtin = "nacl"        # rock-salt NaCl, charges +1 / -1 (or: structure = "x.extxyz")
+    builtin = "nacl"        # rock-salt NaCl, charges +1 / -1 (or: structure = "x.extxyz",
+                            # a path relative to this file's folder)
     cells = 4               # conventional cells per edge (8 atoms each)
     charges = { 11 = 1.0, 17 = -1.0 }   # per element; required with `structure`
 
@@ -44,7 +45,8 @@ _SYSTEM_KEYS = ("builtin", "cells", "charges", "jitter", "structure")
 
 
 def load_run_file(path: str | Path) -> dict[str, Any]:
-    """The parsed run file (``system`` table and ``model`` array).
+    """The parsed run file (``system`` table and ``model`` array). A relative
+    ``[system] structure`` path is made relative to the run file's folder.
 
     Raises
     ------
@@ -57,6 +59,9 @@ def load_run_file(path: str | Path) -> dict[str, Any]:
         raise ConfigurationError(f"run file {str(path)!r}: {exc}") from exc
     if not data.get("model"):
         raise ConfigurationError(f"run file {str(path)!r} has no [[model]] entry")
+    system = data.get("system")
+    if isinstance(system, dict) and isinstance(system.get("structure"), str):
+        system["structure"] = str(Path(path).parent / Path(system["structure"]).expanduser())
     return data
 
 

@@ -145,7 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--out",
         default="runs/nvdd-run",
-        help="output directory (relative to the current directory)",
+        help="output directory (relative to the current directory): new or empty, or "
+        "the run directory of --restart",
+    )
+    out.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete a non-empty --out (an earlier run's outputs) before launch",
     )
     out.add_argument(
         "--verbose",
@@ -214,6 +220,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nvdd run: error: {line}", file=sys.stderr)
         if problems:
             return 2
+        from nvalchemi.distributed._checks import restart_notes
+
+        for line in restart_notes(args):
+            print(f"nvdd run: note: {line}", file=sys.stderr)
+        if args.overwrite and os.environ.get("RANK", "0") == "0":
+            from nvalchemi.distributed._outputs import remove_outputs
+
+            try:
+                remove_outputs(args.out)
+            except OSError as exc:
+                print(
+                    f"nvdd run: error: --out {args.out}: cannot delete it ({exc})", file=sys.stderr
+                )
+                return 2
     if _under_launcher():
         from nvalchemi.distributed._demo import run_rank
 

@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -318,11 +319,18 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _arrays(path: Path, name: str, meta: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     file = path / name
+    if file.is_file() and not zipfile.is_zipfile(file):  # (np.load would try pickle)
+        raise CheckpointError(
+            f"cannot read {file}: not an .npz archive (truncated, or overwritten by "
+            "something else); the checkpoint is damaged"
+        )
     try:
         with np.load(file, allow_pickle=False) as data:
             return {m["name"]: torch.from_numpy(np.array(data[m["key"]])) for m in meta}
-    except (OSError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+    except KeyError as exc:
+        raise CheckpointError(f"cannot read {file}: it lacks the array {exc}") from exc
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise CheckpointError(f"cannot read {file}: {type(exc).__name__}: {exc}") from exc
 
 
 def _batch(
