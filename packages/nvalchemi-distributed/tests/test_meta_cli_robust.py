@@ -161,6 +161,16 @@ def test_a_frame_of_a_trajectory_is_picked_by_index_and_gets_velocities(
         _args("--structure", str(structures / "oxide.xyz")), torch.float32, torch.device("cpu")
     )
     assert again.velocities.dtype == torch.float32 and bool(again.velocities.abs().gt(0).any())
+    # a run file's structure: one frame picked the same way, velocities the same way
+    run_file = structures / "frame.toml"
+    run_file.write_text(
+        f'[system]\nstructure = "{structures / "two.xyz"}@1"\ncharges = {{ 18 = 0.0 }}\n'
+        '[[model]]\nkind = "lj"\ncutoff = 3.0\n'
+    )
+    args = _args("--run-file", str(run_file))
+    batch = _load(args, torch.float64, torch.device("cpu"))
+    assert float(batch.positions[1, 0]) == 3.9 and bool(batch.velocities.abs().gt(0).all())
+    assert "Maxwell-Boltzmann" in args.velocity_note
 
 
 def test_parser_has_help_for_every_option_and_a_version(

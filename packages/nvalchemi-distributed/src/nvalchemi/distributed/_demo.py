@@ -111,25 +111,33 @@ def _load(args: argparse.Namespace, dtype: torch.dtype, device: torch.device) ->
         from nvalchemi.distributed._runfile import build_system, load_run_file
 
         data = load_run_file(args.run_file)
-        return build_system(
+        system = build_system(
             data, dtype=dtype, device=device, temperature_k=args.temperature, seed=args.seed
         )
+        return _with_velocities(system, args)
     if args.structure:
         batch = Batch.from_ase(read_structure(args.structure), dtype=dtype, device=device)
-        if not bool(batch.velocities.abs().gt(0).any()):  # a structure without velocities
-            v = maxwell_boltzmann(batch.masses, temperature_K=args.temperature, seed=args.seed)
-            batch = batch.replace(velocities=v.to(device=device, dtype=dtype))
-            args.velocity_note = (
-                f"; velocities drawn at {args.temperature:g} K (Maxwell-Boltzmann, seed "
-                f"{args.seed}): the structure has none"
-            )
-        return batch
+        return _with_velocities(batch, args)
     builtin = builtin_system(args, dtype)  # the model's own box (MACE: O/Si), else argon
     if builtin is not None:
         return builtin.to(device)
     return argon_box(args.cells, dtype=dtype, temperature_K=args.temperature, seed=args.seed).to(
         device
     )
+
+
+def _with_velocities(batch: Batch, args: argparse.Namespace) -> Batch:
+    """``batch``, or, when it has no velocities at all (a structure file without
+    them), with Maxwell-Boltzmann velocities at ``--temperature``; the header line
+    then says so (``args.velocity_note``)."""
+    if args.temperature <= 0 or bool(batch.velocities.abs().gt(0).any()):
+        return batch
+    v = maxwell_boltzmann(batch.masses, temperature_K=args.temperature, seed=args.seed)
+    args.velocity_note = (
+        f"; velocities drawn at {args.temperature:g} K (Maxwell-Boltzmann, seed "
+        f"{args.seed}): the structure has none"
+    )
+    return batch.replace(velocities=v.to(device=batch.velocities.device, dtype=batch.dtype))
 
 
 def _first_phase(args: argparse.Namespace, model: Any, batch: Batch) -> BaseDynamics:

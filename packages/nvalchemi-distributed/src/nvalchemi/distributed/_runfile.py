@@ -165,13 +165,12 @@ def build_system(
     """The system of a run file (a built-in crystal, or a structure file with charges)."""
     system = dict(data.get("system", {}))
     if "structure" in system:
-        try:
-            from ase.io import read
-        except ImportError as exc:
-            raise OptionalDependencyError(
-                "ase", "--run-file structure", extra="nvdd-core[ase]", cause=exc
-            ) from exc
-        batch = Batch.from_ase(read(system["structure"]), dtype=dtype, device=device)
+        from nvalchemi.distributed._checks import read_structure
+
+        # one frame (FILE@INDEX for a trajectory), as checked before launch
+        label = f"[system] structure = {str(system['structure'])!r}"
+        atoms = read_structure(str(system["structure"]), label)
+        batch = Batch.from_ase(atoms, dtype=dtype, device=device)
         if "charges" in system:
             from nvdd.models import assign_charges
 
