@@ -229,6 +229,7 @@ class _Hooks:
         self.run, self.dp, self.phase, self.offset = run, dp, phase, offset
         self.say = run.bar.write if run.bar is not None else print
         self.t_last, self.step_last = time.perf_counter(), offset + dp.dynamics.step_count
+        self.recorded = -1  # the last global step recorded (a step is recorded once)
 
     def record(self, step: int) -> None:
         """The thermo row and the frame due at the global ``step``, if any.
@@ -237,8 +238,9 @@ class _Hooks:
         total = args.nvt_steps + args.nve_steps
         thermo = output_due(step, args.thermo_every, total)
         frame = output_due(step, args.traj_every, total) and _has_ase()
-        if not (thermo or frame):
+        if not (thermo or frame) or step == self.recorded:
             return
+        self.recorded = step
         failed: Exception | None = None
         try:
             if thermo:
@@ -301,6 +303,9 @@ class _Hooks:
     def checkpoint(self, ctx: Any) -> None:
         step = self.offset + ctx.step
         if step % self.run.args.checkpoint_every == 0:
+            # the outputs of this step first: a checkpoint never gets ahead of the
+            # files a restart from it keeps (up to its step)
+            self.record(step)
             info = {"phase": self.phase, "step": step, "system": self.run.system}
             self.dp.save(self.run.checkpoint_dir, metadata=info)
             self.run.checkpoints += 1
