@@ -216,6 +216,8 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
         self._replayed = False
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
+        """Record ``body`` on the capture stream (nothing runs); returns its
+        :func:`after_replay` callbacks. Raises :class:`CaptureError` when the capture fails."""
         # The garbage collector stays off while the stream captures: a collection
         # there can free objects whose finalisers call the CUDA driver (a Warp
         # array or stream, an event), which invalidates the whole capture
@@ -268,6 +270,7 @@ class CudaStepGraph:  # pragma: no cover - CUDA only (its protocol: EmulatedStep
                 gc.enable()
 
     def replay(self) -> None:
+        """Launch the captured graph on the current stream."""
         if self._replayed:
             self._graph.replay()
             return
@@ -353,6 +356,8 @@ class EmulatedStepGraph:
         self.pool = pool  # (recorded only: tests check which captures share one)
 
     def capture(self, body: Callable[[], None]) -> list[Callable[[], bool]]:
+        """Run ``body`` once, recording every tensor operation and external launch;
+        returns its :func:`after_replay` callbacks."""
         recorder = _Recorder()
         with _activate(recorder) as active, recorder:
             body()
@@ -365,6 +370,8 @@ class EmulatedStepGraph:
         return len(self._ops)
 
     def replay(self) -> None:
+        """Rerun the recorded operations in order (without autograd), writing into the
+        tensors the capture produced."""
         with torch.no_grad():
             for op in self._ops:
                 op()

@@ -47,9 +47,13 @@ class MeshReducer(Reducer):
         return buf.to(t.device)
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """**Collective** over ``group``: ``t`` summed elementwise over its ranks
+        (detached, on ``t``'s device; ``t`` itself with one rank)."""
         return self._reduce(t, "sum")
 
     def max(self, t: torch.Tensor) -> torch.Tensor:
+        """**Collective** over ``group``: the elementwise maximum of ``t`` over its ranks
+        (detached, on ``t``'s device; ``t`` itself with one rank)."""
         return self._reduce(t, "max")
 
     def sum_with_totals(

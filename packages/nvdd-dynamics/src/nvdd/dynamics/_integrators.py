@@ -57,11 +57,13 @@ class VelocityVerlet(BaseDynamics):
         return ("velocity-verlet", self.dt_fs)
 
     def pre_update(self) -> None:
+        """Half kick then drift, in place: ``v += F/m dt/2``, ``x += v dt``."""
         b = self.batch
         b.velocities.addcdiv_(b.forces, b.masses.unsqueeze(1), value=0.5 * self.dt)
         b.positions.add_(b.velocities, alpha=self.dt)
 
     def post_update(self) -> None:
+        """The second half kick with the new forces, in place: ``v += F/m dt/2``."""
         b = self.batch
         b.velocities.addcdiv_(b.forces, b.masses.unsqueeze(1), value=0.5 * self.dt)
 
@@ -135,6 +137,8 @@ class Langevin(BaseDynamics):
         return counter
 
     def pre_update(self) -> None:
+        """B A O A: half kick, half drift, the Ornstein-Uhlenbeck velocity update
+        with this step's per-atom noise, half drift."""
         b = self.batch
         half = 0.5 * self.dt
         v = b.velocities + half * _accel(b)
@@ -149,6 +153,7 @@ class Langevin(BaseDynamics):
         self.batch = b.replace(velocities=v, positions=x)
 
     def post_update(self) -> None:
+        """The final B: a half kick with the new forces."""
         b = self.batch
         self.batch = b.replace(velocities=b.velocities + 0.5 * self.dt * _accel(b))
 
@@ -250,6 +255,8 @@ class FIRE(BaseDynamics):
         return {"fire": self._adaptive().cpu().numpy()}
 
     def load_state_arrays(self, arrays: Mapping[str, Any]) -> None:
+        """Restore ``fire`` (``[dt_fs, alpha, n_positive]``) from :meth:`state_arrays`;
+        other names go to the base class, which refuses them."""
         rest = {k: v for k, v in arrays.items() if k != "fire"}
         super().load_state_arrays(rest)
         if "fire" in arrays:
@@ -264,6 +271,9 @@ class FIRE(BaseDynamics):
 
     # ------------------------------------------------------------ the step
     def pre_update(self) -> None:
+        """The FIRE update, on the device and in place: mix velocities towards the
+        forces (zero them uphill), adapt ``dt_fs`` and ``alpha``, then a kick and a
+        drift. The power and norms are mesh-wide sums (a **Collective** under DD)."""
         b = self.batch
         f, v = b.forces, b.velocities
         state = self._adaptive()
@@ -295,7 +305,7 @@ class FIRE(BaseDynamics):
         b.positions.add_(v * dt)
 
     def post_update(self) -> None:
-        pass
+        """Nothing: the whole FIRE step happens in :meth:`pre_update`."""
 
     def max_force(self) -> float:
         """Largest per-atom force norm over all atoms (a **Collective** under DD)."""
@@ -306,4 +316,5 @@ class FIRE(BaseDynamics):
         return float(self.reducer.max(local.reshape(1).to(torch.float64))[0])
 
     def is_converged(self) -> bool:
+        """True when :meth:`max_force` is below ``fmax`` (a **Collective** under DD)."""
         return self.max_force() < self.fmax

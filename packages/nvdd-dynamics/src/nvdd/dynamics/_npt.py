@@ -491,6 +491,10 @@ class MTKNPT(BaseDynamics):
         return (self.temperature_K, self.tau_t_fs, self.tau_p_fs, self.cell_dof, self._chains)
 
     def pre_update(self) -> None:
+        """Half steps of the barostat's and the particles' chains, a half kick of the
+        cell and of the particles, then a full drift of positions and cell (the
+        chains and the barostat start afresh, with one reduction, at the first step
+        or a new bath)."""
         if self.p_cell is not None and self._bath() != self._started_bath:
             self.p_cell = None  # a new target (annealing): a fresh start at this step
         if self.p_cell is None or self.thermostat is None:
@@ -503,6 +507,8 @@ class MTKNPT(BaseDynamics):
         self._drift(self.dt)
 
     def post_update(self) -> None:
+        """The second half kick of the particles, the step's one reduction
+        (**Collective** under DD), then the cell's kick and both chains' half steps."""
         half = 0.5 * self.dt
         self._kick(half)
         self._reduce()

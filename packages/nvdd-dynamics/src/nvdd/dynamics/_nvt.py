@@ -168,6 +168,8 @@ class NoseHooverNVT(BaseDynamics):
         return (self.temperature_K, self.tau_fs, self.chain_length, self.n_loops)
 
     def pre_update(self) -> None:
+        """A chain half step scaling the velocities, then a half kick and a drift (the
+        chain starts afresh, with one reduction, at the first step or a new bath)."""
         if self.chain is not None and self._bath() != self._chain_bath:
             self.chain = None  # a new target (annealing): a fresh chain at this step
         if self.chain is None:
@@ -178,6 +180,8 @@ class NoseHooverNVT(BaseDynamics):
         b.positions.add_(b.velocities, alpha=self.dt)
 
     def post_update(self) -> None:
+        """The second half kick, the step's one reduction (**Collective** under DD),
+        then a chain half step scaling the velocities."""
         b = self.batch
         b.velocities.addcdiv_(b.forces, b.masses.unsqueeze(1), value=0.5 * self.dt)
         assert self.chain is not None

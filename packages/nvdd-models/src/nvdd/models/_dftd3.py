@@ -161,6 +161,7 @@ class DFTD3(HaloModelMixin, torch.nn.Module):
         return max(self._config.cutoff, self._config.cn_cutoff)
 
     def extra_repr(self) -> str:
+        """The module repr's summary: damping and scaling parameters, cutoffs, skin."""
         c = self._config
         return (
             f"a1={c.a1}, a2={c.a2}, s6={c.s6}, s8={c.s8}, cutoff={c.cutoff}, "

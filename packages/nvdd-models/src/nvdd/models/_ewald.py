@@ -110,6 +110,7 @@ class Ewald(CoulombModel):
         return self._config
 
     def extra_repr(self) -> str:
+        """The module repr's summary: real-space cutoff, ``alpha``, k-space cutoff."""
         return f"cutoff={self.cutoff}, alpha={self.alpha:.6g}, k_cutoff={self.k_cutoff:.6g}"
 
     def k_vectors(self, cell: torch.Tensor) -> list[torch.Tensor]:

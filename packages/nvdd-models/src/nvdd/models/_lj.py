@@ -170,6 +170,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         return self._config.cutoff
 
     def extra_repr(self) -> str:
+        """The module repr's summary: the whole configuration."""
         c = self._config
         return (
             f"cutoff={c.cutoff}, species={dict(c.species)}, default="

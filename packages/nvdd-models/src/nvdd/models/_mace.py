@@ -224,6 +224,7 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         return list(self._heads)
 
     def extra_repr(self) -> str:
+        """The module repr's summary: cutoff, elements, head, skin and cuEquivariance use."""
         return (
             f"cutoff={self._cutoff}, atomic_numbers={self.atomic_numbers}, "
             f"head={self._heads[self.head]!r}, skin={self.neighbors.skin}, cueq={self.uses_cueq}"

@@ -307,6 +307,7 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
         return self.embedding.dtype
 
     def extra_repr(self) -> str:
+        """The module repr's summary: the whole configuration."""
         c = self._config
         return (
             f"cutoff={c.cutoff}, species={c.species}, hidden={c.hidden}, n_basis={c.n_basis}, "

@@ -77,6 +77,7 @@ class ParticleMeshEwald(CoulombModel):
         return self._config
 
     def extra_repr(self) -> str:
+        """The module repr's summary: cutoff, ``alpha``, mesh, spline order."""
         c = self._config
         mesh = c.mesh if c.mesh is not None else f"spacing {c.mesh_spacing}"
         return f"cutoff={self.cutoff}, alpha={self.alpha:.6g}, mesh={mesh}, order={c.spline_order}"

@@ -65,16 +65,24 @@ class PaddedGraph(Protocol):
     """
 
     @property
-    def n_atoms(self) -> int: ...
+    def n_atoms(self) -> int:
+        """Real atoms (the first ``n_atoms`` rows)."""
+        ...
 
     @property
-    def atom_mask(self) -> torch.Tensor: ...
+    def atom_mask(self) -> torch.Tensor:
+        """Bool, shape ``(atom_cap,)``: True on real atoms."""
+        ...
 
     @property
-    def atom_fields(self) -> Mapping[str, torch.Tensor]: ...
+    def atom_fields(self) -> Mapping[str, torch.Tensor]:
+        """Per-atom tensors, each of shape ``(atom_cap, ...)``."""
+        ...
 
     @property
-    def grew(self) -> bool: ...
+    def grew(self) -> bool:
+        """True when this ``pad`` changed a capacity (a compiled model recompiles once)."""
+        ...
 
     @property
     def atom_cap(self) -> int:

@@ -57,17 +57,34 @@ class HaloLayout(Protocol):
     """
 
     @property
-    def n_owned(self) -> int: ...
+    def n_owned(self) -> int:
+        """Number of owned rows (they come first)."""
+        ...
 
     @property
-    def n_padded(self) -> int: ...
+    def n_padded(self) -> int:
+        """Total number of rows, owned plus ghost."""
+        ...
 
     @property
-    def group(self) -> ProcessGroup | None: ...
+    def group(self) -> ProcessGroup | None:
+        """The process group of the exchanges (``None``: the default group)."""
+        ...
 
-    def refresh(self, x: torch.Tensor) -> torch.Tensor: ...
+    def refresh(self, x: torch.Tensor) -> torch.Tensor:
+        """**Collective** over ``group``: ``x`` with its ghost rows set to their owners' rows.
 
-    def fold(self, x: torch.Tensor) -> torch.Tensor: ...
+        ``x`` has shape ``(n_padded, ...)``; backward sums ghost-row gradients into
+        their owners.
+        """
+        ...
+
+    def fold(self, x: torch.Tensor) -> torch.Tensor:
+        """**Collective** over ``group``: ghost rows summed into their owners, then refreshed.
+
+        ``x`` has shape ``(n_padded, ...)``; self-adjoint.
+        """
+        ...
 
 
 def describe_layout(layout: HaloLayout) -> str:

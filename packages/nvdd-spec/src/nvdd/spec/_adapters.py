@@ -129,13 +129,16 @@ class MethodAdapter(Adapter):
 
     @property
     def target(self) -> str:
+        """The wrapped method, ``module:Class.method``."""
         return self.method
 
     def key(self) -> Hashable:
+        """``(kind, method, wrapper)``: the same wrapper on the same method is one patch."""
         assert isinstance(self.wrapper, NamedRef)
         return (self.kind, self.method, self.wrapper)
 
     def install(self) -> list[Patch]:
+        """Replace the method on its class by one that calls ``wrapper(original, self, ...)``."""
         assert isinstance(self.wrapper, NamedRef)
         owner, attr = _owner_and_attr(self.method, self.wrapper.trust)
         original = getattr(owner, attr)
@@ -177,13 +180,20 @@ class FunctionAdapter(Adapter):
 
     @property
     def target(self) -> str:
+        """The adapted function's ``module:qualname`` (its repr when it has no name)."""
         assert isinstance(self.function, NamedRef)
         return self.function.name or repr(self.function)
 
     def key(self) -> Hashable:
+        """``(kind, function, replacement, also_patch)``."""
         return (self.kind, self.function, self.replacement, self.also_patch)
 
     def install(self) -> list[Patch]:
+        """Wrap the function where it is defined and at every ``also_patch`` location.
+
+        Each location's current value is wrapped, so two adapters of one function
+        stack.
+        """
         assert isinstance(self.function, NamedRef) and isinstance(self.replacement, NamedRef)
         function = self.function.resolve()
         body = self.replacement.resolve()
@@ -220,12 +230,15 @@ class PythonAdapter(Adapter):
 
     @property
     def target(self) -> str:
+        """The replaced attribute, ``module:qualname``."""
         return self.attribute
 
     def key(self) -> Hashable:
+        """``(kind, attribute, replacement)``."""
         return (self.kind, self.attribute, self.replacement)
 
     def install(self) -> list[Patch]:
+        """Set the attribute to ``replacement``."""
         assert isinstance(self.replacement, NamedRef)
         owner, attr = _owner_and_attr(self.attribute, self.replacement.trust)
         return [apply_patch(owner, attr, self.replacement.resolve(), self.key())]
@@ -260,12 +273,18 @@ class JitAdapter(Adapter):
 
     @property
     def target(self) -> str:
+        """The scripted helper, ``module:qualname``."""
         return self.function
 
     def key(self) -> Hashable:
+        """``(kind, function, rewrap_outputs, replacement)``."""
         return (self.kind, self.function, self.rewrap_outputs, self.replacement)
 
     def install(self) -> list[Patch]:
+        """Replace the helper by one that unwraps ShardTensor arguments and re-wraps outputs.
+
+        With a ``replacement``, ``replacement(original, *args, **kwargs)`` runs instead.
+        """
         trust = self.replacement.trust if isinstance(self.replacement, NamedRef) else True
         owner, attr = _owner_and_attr(self.function, trust)
         original = getattr(owner, attr)
@@ -354,9 +373,11 @@ class OpAdapter(Adapter):
 
     @property
     def target(self) -> str:
+        """The custom op, ``namespace::name``."""
         return self.op
 
     def key(self) -> Hashable:
+        """The kind, the op and every input and output rule (and ``also_patch``)."""
         return (
             self.kind,
             self.op,
@@ -393,6 +414,13 @@ class OpAdapter(Adapter):
         return patched
 
     def install(self) -> list[Patch]:
+        """Wrap ``torch.ops.<ns>.<name>`` and every ``also_patch`` location.
+
+        Raises
+        ------
+        ConfigurationError
+            When no op of that name is registered.
+        """
         ns, _, name = self.op.partition("::")
         namespace = getattr(torch.ops, ns)
         try:

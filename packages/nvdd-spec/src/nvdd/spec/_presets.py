@@ -1,7 +1,7 @@
 """The ``SPEC_*`` presets: one per communication pattern of the shipped model families.
 
 Each preset differs from the others exactly where the pattern differs (see the
-table in docs/design.md, "Spec presets"):
+table in docs/concepts/specs.md, "The presets"):
 
 =================  ========  =========  ================  ==========  =============
 preset             storage   forces     scatter           extra halo  global term

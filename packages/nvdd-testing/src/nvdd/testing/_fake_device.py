@@ -194,6 +194,8 @@ class FakeDeviceTensor(torch.Tensor):
         super().__setitem__(_host_index(index), value)
 
     def new_tensor(self, data: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        """A tensor of ``data`` with this tensor's dtype, on its (fake) device unless
+        ``device`` is given (the data never goes through the meta device)."""
         kwargs.setdefault("dtype", self.dtype)
         device = kwargs.pop("device", self.device)
         return torch.tensor(data, **kwargs).to(device)
