@@ -17,7 +17,15 @@ from test_dynamics_domain_parallel import make_gas
 from nvdd.core import Batch, ConfigurationError
 from nvdd.dynamics import ValidationReport, describe_spec, trace_and_validate
 from nvdd.dynamics._diagnose import Culprit
-from nvdd.spec import SPEC_LJ_HALO, OutputKind, OutputSpec, Reduce
+from nvdd.spec import (
+    SPEC_LJ_HALO,
+    DistributionSpec,
+    MLIPSpec,
+    OutputKind,
+    OutputSpec,
+    Reduce,
+    StrategyKind,
+)
 from nvdd.testing import run_ranks
 
 pytestmark = pytest.mark.gloo
@@ -197,3 +205,26 @@ def test_probe_of_a_model_that_is_torchscript_from_the_root() -> None:
     with probe:
         scripted(torch.ones(4, 1, dtype=torch.float64), torch.rand(4, 3, dtype=torch.float64), 4)
     assert probe.not_probed == ["<root>"] and probe.calls == {}
+
+
+# ----------------------------------------------------- graph partition (issue 40)
+class _HaloOnly(SoftPair):
+    """A model that declares its specs and has none for graph partition."""
+
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        if StrategyKind(strategy) is not StrategyKind.HALO:
+            raise ConfigurationError("_HaloOnly supports StrategyKind.HALO only")
+        return super().distribution_spec(strategy)
+
+
+def test_graph_partition_is_validated_on_index_blocks_or_refused_up_front() -> None:
+    gp = StrategyKind.GRAPH_PARTITION
+    spec = SPEC_LJ_HALO | MLIPSpec(distribution=DistributionSpec(storage=gp))
+    batch = make_gas(n=36, triclinic=True)
+    report = trace_and_validate(SoftPair(spec=spec), batch, world_size=2, strategy=gp)
+    assert report.passed, report.summary()
+    assert report.spec.distribution.storage is gp and max(report.errors.values()) < 1e-10
+    with pytest.raises(ConfigurationError, match=r"supports StrategyKind\.HALO only.*HALO"):
+        trace_and_validate(_HaloOnly(), batch, strategy="graph_partition")
+    with pytest.raises(ConfigurationError, match=r"strategy='spatial'"):
+        trace_and_validate(SoftPair(), batch, strategy="spatial")

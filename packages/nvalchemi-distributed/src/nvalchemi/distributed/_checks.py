@@ -591,6 +591,41 @@ def restart_notes(args: argparse.Namespace) -> list[str]:
 #: Integrator class of the first phase, by ``--ensemble``.
 FIRST_PHASE_CLASSES = {"Langevin": "langevin", "NoseHooverNVT": "nvt-nh", "MTKNPT": "npt"}
 
+#: Run-file model kinds with a graph-partition spec (the others: HALO only).
+GRAPH_PARTITION_KINDS = ("lj", "mpnn")
+
+
+def _strategy(args: argparse.Namespace) -> list[str]:
+    """``--strategy graph-partition``: no spatial options, and a model that has a
+    graph-partition spec (LJ, MACE; in a run file lj and mpnn components)."""
+    if getattr(args, "strategy", "halo") != "graph-partition":
+        return []
+    out = [
+        f"{flag} applies to --strategy halo only (graph-partition splits atoms by index)"
+        for flag, given in (
+            ("--grid", args.grid is not None),
+            ("--load-balance", args.load_balance),
+        )
+        if given
+    ]
+    if args.run_file:
+        from nvalchemi.distributed._runfile import load_run_file
+        from nvdd.core import NvddError
+
+        try:
+            entries = load_run_file(args.run_file).get("model", [])
+        except (NvddError, OSError, ValueError):  # the run-file checker reports it
+            entries = []
+        kinds = [str(e.get("kind")) for e in entries if isinstance(e, dict)]
+        halo_only = sorted({k for k in kinds if k not in GRAPH_PARTITION_KINDS})
+        if halo_only:
+            out.append(
+                f"--strategy graph-partition: the run file's model kind(s) {', '.join(halo_only)} "
+                "have no graph-partition spec (lj and mpnn do): use --strategy halo"
+            )
+    return out
+
+
 #: The checkers :func:`validate` runs, in order.
 CHECKERS: list[Callable[[argparse.Namespace], list[str]]] = [
     _numbers,
@@ -601,6 +636,7 @@ CHECKERS: list[Callable[[argparse.Namespace], list[str]]] = [
     _run_file,
     _restart,
     _output_dir,
+    _strategy,
 ]
 
 

@@ -54,6 +54,7 @@ from nvdd.dynamics import (
     VelocityVerlet,
     kinetic_energy,
 )
+from nvdd.spec import StrategyKind
 
 __all__ = ["argon_box", "maxwell_boltzmann", "run_rank"]
 
@@ -331,11 +332,13 @@ def _run_phase(
     run: _Run, dyn: BaseDynamics, phase: str, offset: int, n_steps: int, batch: Batch | None
 ) -> tuple[Batch | None, DomainParallel]:
     args = run.args
+    graph = getattr(args, "strategy", "halo") == "graph-partition"
     config = DomainConfig(
         cutoff=args.cutoff,
         skin=args.skin,
         grid_dims=tuple(args.grid) if args.grid else None,
         load_balance=args.load_balance,
+        strategy=StrategyKind.GRAPH_PARTITION if graph else StrategyKind.HALO,
     )
     dp = DomainParallel(dyn, config, watchdog_s=args.watchdog)
     if dp.rank != 0:  # one copy of each partition warning is enough

@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("PX", "PY", "PZ"),
         help="rank grid (default: the smallest halo for the cell)",
     )
+    ranks.add_argument(
+        "--strategy",
+        choices=("halo", "graph-partition"),
+        default="halo",
+        help="halo: spatial boxes with ghost atoms, atoms migrate; graph-partition: fixed "
+        "blocks of atoms by index, the model builds its own neighbour list (lj, mace, mpnn; "
+        "not with --grid, --load-balance or Ewald / PME / D3)",
+    )
     ranks.add_argument("--load-balance", action="store_true", help="cut boxes at atom quantiles")
     ranks.add_argument("--skin", type=float, default=1.0, help="Verlet skin, Angstrom")
 

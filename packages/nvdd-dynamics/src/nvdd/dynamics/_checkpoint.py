@@ -20,8 +20,11 @@ checkpoint intact and readable; stale files of older checkpoints are removed
 only after the new manifest is in place.
 
 Restart is exact: on the same number of ranks every rank reads back its own
-rows and the same boxes, so the trajectory continues bit for bit; on another
-number of ranks the source rank reads every shard and scatters the system.
+rows and the same boxes (under graph partition: the same index blocks), so the
+trajectory continues bit for bit; on another number of ranks, or under the
+other strategy, the source rank reads every shard and scatters the system (by
+atom id). Both strategies write the same format (``domain.strategy`` names the
+one that wrote it; graph partition stores no boxes).
 Both the saving run and the restarted one migrate and rebuild the halo at the
 step after the checkpoint (see ``DistributedModel.request_rebuild``), so both
 sum forces in the same order. The Langevin noise is a stateless function of
@@ -37,7 +40,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,7 +55,8 @@ from nvdd.core import (
     broadcast_object,
     raise_if_any_rank,
 )
-from nvdd.partition import ShardedBatch, SpatialPartitioner
+from nvdd.partition import IndexShardedBatch, ShardedBatch, SpatialPartitioner
+from nvdd.spec import StrategyKind
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -173,11 +177,6 @@ def save_checkpoint(
         ``path`` is left as it was.
     """
     path = Path(path)
-    if not isinstance(dp.sharded.partitioner, SpatialPartitioner):  # the same on every rank
-        raise CheckpointError(
-            "checkpoints of StrategyKind.GRAPH_PARTITION runs are not supported yet (the "
-            "restart format stores spatial boxes); checkpoint a HALO run"
-        )
     group, rank = dp.group, dp.rank
     dp.totals()  # per-system energy / stress of the last forces, in the batch
     batch = dp.dynamics.batch
@@ -240,6 +239,7 @@ def _write_rank0(
     metadata: dict[str, Any] | None,
 ) -> None:
     batch, dyn, cfg = dp.dynamics.batch, dp.dynamics, dp.config
+    part = dp.sharded.partitioner
     systems_name = f"systems-{serial:06d}.npz"
     sys_fields = batch.system_fields()
     sys_meta = _field_meta(sys_fields, set(batch.system_extras))
@@ -269,13 +269,15 @@ def _write_rank0(
             },
         },
         "domain": {
+            "strategy": cfg.strategy.value,
             "cutoff": cfg.cutoff,
             "skin": cfg.skin,
             "ghost_width": dp.model.ghost_width,
             "grid_dims": list(cfg.grid_dims) if cfg.grid_dims else None,
             "load_balance": cfg.load_balance,
         },
-        "partitioner": cast(SpatialPartitioner, dp.sharded.partitioner).to_dict(),
+        # spatial boxes (HALO); graph partition: the index blocks follow from the counts
+        "partitioner": part.to_dict() if isinstance(part, SpatialPartitioner) else None,
         "metadata": metadata or {},
     }
     text = json.dumps(manifest, indent=1)
@@ -403,11 +405,19 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[Batch, dict[str, Any]
 
 
 # -------------------------------------------------------------------- load
-def check_adoptable(sharded: ShardedBatch, ghost_width: float) -> None:
-    """Raise unless ``sharded``'s partitioner uses ``ghost_width`` (local check)."""
-    if not isinstance(sharded, ShardedBatch):
-        raise ConfigurationError(f"sharded must be a ShardedBatch, got {type(sharded).__name__}")
-    if sharded.partitioner.ghost_width != ghost_width:
+def check_adoptable(
+    sharded: ShardedBatch | IndexShardedBatch, ghost_width: float, *, graph: bool = False
+) -> None:
+    """Raise unless ``sharded`` fits the strategy (``graph``: an
+    :class:`~nvdd.partition.IndexShardedBatch`, else a ``ShardedBatch`` whose
+    partitioner uses ``ghost_width``). Local check."""
+    want = IndexShardedBatch if graph else ShardedBatch
+    if not isinstance(sharded, want):
+        raise ConfigurationError(
+            f"sharded must be a {want.__name__} under "
+            f"{'GRAPH_PARTITION' if graph else 'HALO'}, got {type(sharded).__name__}"
+        )
+    if isinstance(sharded, ShardedBatch) and sharded.partitioner.ghost_width != ghost_width:
         raise ConfigurationError(
             f"the ShardedBatch's partitioner has ghost width {sharded.partitioner.ghost_width}, "
             f"this DomainParallel needs {ghost_width}"
@@ -456,10 +466,13 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
             f"DomainParallel wraps a {type(dyn).__name__}"
         )
     device = dyn.batch.device if isinstance(dyn.batch, Batch) else torch.device("cpu")
+    strategy = dp.config.strategy
+    graph = strategy is StrategyKind.GRAPH_PARTITION
     exact = (
         int(manifest["world_size"]) == dp.world_size
         and float(manifest["domain"]["ghost_width"]) == dp.model.ghost_width
-        and manifest.get("partitioner") is not None
+        and manifest["domain"].get("strategy", StrategyKind.HALO.value) == strategy.value
+        and (graph or manifest.get("partitioner") is not None)
     )
     if exact:
         local, problem = None, None
@@ -469,8 +482,11 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
             problem = str(exc)
         raise_if_any_rank(problem, group, exc_type=CheckpointError)
         assert local is not None
-        part = SpatialPartitioner.from_dict(manifest["partitioner"])
-        dp.partition(sharded=ShardedBatch(local, part, group))
+        if graph:  # the same index blocks, rows in the saved order
+            dp.partition(sharded=IndexShardedBatch(local, group))
+        else:
+            part = SpatialPartitioner.from_dict(manifest["partitioner"])
+            dp.partition(sharded=ShardedBatch(local, part, group))
     else:
         whole, problem = None, None
         if rank == dp.src:

@@ -27,7 +27,6 @@ from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
-from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.dynamics._verify import needs_verification, verify_model
@@ -146,22 +145,15 @@ class DomainParallel:
         if not 0 <= src < self.world_size:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
-        if _graph(config):  # a node partition by index (StrategyKind.GRAPH_PARTITION)
-            self.model: DistributedModel = GraphPartitionModel(
-                dynamics.model,
-                config,
-                spec=spec,
-                sync_timings=sync_timings,
-                count=count_collectives,
-            )
-        else:  # a composed model (``pipeline_components``) gets a DistributedPipelineModel
-            self.model = distributed_model_for(
-                dynamics.model,
-                config,
-                spec=spec,
-                sync_timings=sync_timings,
-                count=count_collectives,
-            )
+        # by strategy (HALO: DistributedModel, GRAPH_PARTITION: GraphPartitionModel),
+        # and a composed model (``pipeline_components``) as its pipeline variant
+        self.model: DistributedModel = distributed_model_for(
+            dynamics.model,
+            config,
+            spec=spec,
+            sync_timings=sync_timings,
+            count=count_collectives,
+        )
         self.watchdog = Watchdog(watchdog_s, group=self.group)
         self._sharded: ShardedBatch | IndexShardedBatch | None = None
         self._single: tuple[Any, Reducer, Any] = (
@@ -185,15 +177,19 @@ class DomainParallel:
         return self.model.stats
 
     def partition(
-        self, batch: Batch | None = None, *, sharded: ShardedBatch | None = None
+        self,
+        batch: Batch | None = None,
+        *,
+        sharded: ShardedBatch | IndexShardedBatch | None = None,
     ) -> ShardedBatch | IndexShardedBatch:
         """Scatter the system from ``src`` and build the first halo plan.
 
         **Collective** over the mesh. ``batch`` defaults to ``dynamics.batch`` on
         ``src``; other ranks' arguments are ignored. Each rank receives only its
         own atoms (O(N/P) memory). Pass ``sharded`` instead to adopt atoms that
-        are already distributed (a restart: :meth:`load`); its partitioner's
-        ghost width must be the model's.
+        are already distributed (a restart: :meth:`load`): a ``ShardedBatch``
+        whose partitioner's ghost width is the model's, or under
+        ``GRAPH_PARTITION`` an ``IndexShardedBatch``.
         """
         if self._sharded is not None:
             raise ConfigurationError("DomainParallel.partition: already partitioned")
@@ -201,7 +197,7 @@ class DomainParallel:
         ghost_width = self.model.ghost_width
         state: ShardedBatch | IndexShardedBatch
         if sharded is not None:
-            _checkpoint.check_adoptable(sharded, ghost_width)
+            _checkpoint.check_adoptable(sharded, ghost_width, graph=_graph(self.config))
             state = sharded
         else:
             self._verify(batch, ghost_width)

@@ -31,10 +31,16 @@ from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import consolidate, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.shardtensor import dd_scope
-from nvdd.spec import ForceStrategy, MLIPSpec
+from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
-__all__ = ["DistributedPipelineModel", "distributed_model_for", "pipeline_components"]
+__all__ = [
+    "DistributedPipelineModel",
+    "GraphPartitionPipelineModel",
+    "distributed_model_for",
+    "pipeline_components",
+]
 
 
 def pipeline_components(model: Any) -> tuple[Any, ...] | None:
@@ -53,22 +59,29 @@ def distributed_model_for(
 ) -> DistributedModel:
     """The runtime adapter of ``model``: a :class:`DistributedPipelineModel` for a
     composed model (one exposing ``pipeline_components``, e.g.
-    ``nvdd.models.PipelineModel``), else a :class:`DistributedModel`.
+    ``nvdd.models.PipelineModel``), else a :class:`DistributedModel`; under
+    ``StrategyKind.GRAPH_PARTITION`` their graph-partition counterparts
+    (:class:`GraphPartitionPipelineModel`, ``GraphPartitionModel``).
 
     Raises
     ------
     ConfigurationError
-        A ``spec`` override with a pipeline (each component brings its own).
+        A ``spec`` override with a pipeline (each component brings its own); a
+        component without a spec for ``config.strategy`` (its model says which
+        strategy it supports).
     """
+    graph = config.strategy is StrategyKind.GRAPH_PARTITION
     parts = pipeline_components(model)
     if parts is None:
-        return DistributedModel(model, config, spec=spec, **kwargs)
+        single = GraphPartitionModel if graph else DistributedModel
+        return single(model, config, spec=spec, **kwargs)
     if spec is not None:
         raise ConfigurationError(
             "DomainParallel(spec=...) cannot override a pipeline's spec: each component is "
             "consolidated by its own distribution_spec; set the components' specs instead"
         )
-    return DistributedPipelineModel(parts, config, pipeline=model, **kwargs)
+    composed = GraphPartitionPipelineModel if graph else DistributedPipelineModel
+    return composed(parts, config, pipeline=model, **kwargs)
 
 
 class DistributedPipelineModel(DistributedModel):
@@ -220,3 +233,17 @@ class _Components:
 
     def __call__(self, batch: Batch) -> ModelOutputs:  # pragma: no cover - never called
         raise RuntimeError("the pipeline runs its components one by one")
+
+
+class GraphPartitionPipelineModel(DistributedPipelineModel, GraphPartitionModel):
+    """A composed model under ``StrategyKind.GRAPH_PARTITION``: the components run
+    one by one on the index blocks' ``[owned | ghost]`` rows (real cell and pbc),
+    as :class:`DistributedPipelineModel` runs them under the halo (one position
+    exchange, one fold of the summed forces); the ghost rows, their rebuilds and
+    the ghost width are :class:`GraphPartitionModel`'s.
+
+    Every component needs a graph-partition spec
+    (``distribution_spec(StrategyKind.GRAPH_PARTITION)``): one without (Ewald,
+    PME, DFT-D3) is refused at construction, before any collective.
+    **Collective** like :class:`DistributedPipelineModel`.
+    """

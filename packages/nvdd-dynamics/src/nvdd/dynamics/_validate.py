@@ -33,11 +33,13 @@ from nvdd.core import (
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._diagnose import Culprit, LayerDiagnostic, RankProbe, diagnose
 from nvdd.dynamics._distributed_model import DistributedModel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._launch import broadcast, resolve_device, unguarded_caller
 from nvdd.dynamics._probe import Call, ModuleProbe
 from nvdd.dynamics._spec_report import describe_spec
 from nvdd.spec import (
     SPEC_LJ_HALO,
+    SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
     SPEC_UMA_HALO,
     AdapterStatus,
@@ -175,20 +177,25 @@ def _validate_rank(
 
     **Collective** over the default group.
     """
-    from nvdd.partition import ShardedBatch, SpatialPartitioner
+    from nvdd.partition import IndexShardedBatch, ShardedBatch, SpatialPartitioner
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if isinstance(model, torch.nn.Module):
         model.to(device)
-    dm = DistributedModel(model, config, spec=spec, count=False)
+    graph = config.strategy is StrategyKind.GRAPH_PARTITION
+    dm = (GraphPartitionModel if graph else DistributedModel)(model, config, spec=spec, count=False)
 
     def factory(b: Batch) -> SpatialPartitioner:
         return SpatialPartitioner.from_batch(b, world, dm.ghost_width)
 
+    sharded: ShardedBatch | IndexShardedBatch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny validation systems are often degenerate
         source = batch.to(device) if rank == 0 else None
-        sharded = ShardedBatch.from_batch(source, None, factory)
+        if graph:  # index blocks along a space-filling curve, as DomainParallel cuts them
+            sharded = IndexShardedBatch.from_batch(source, None, order="space")
+        else:
+            sharded = ShardedBatch.from_batch(source, None, factory)
     dm.attach(sharded)
     try:
         probe = ModuleProbe(model, lambda: dm.plan.n_padded)
@@ -270,6 +277,7 @@ def trace_and_validate(
     tolerance: float | None = None,
     timeout_s: float = 600.0,
     device: str | torch.device | None = None,
+    strategy: StrategyKind | str = StrategyKind.HALO,
 ) -> ValidationReport:
     """Infer a distribution spec, validate it on a multi-process run, and
     (optionally) auto-fix when validation fails.
@@ -289,8 +297,9 @@ def trace_and_validate(
     Parameters
     ----------
     spec:
-        The spec to validate; default ``model.distribution_spec(HALO)``, else the
-        first preset that validates (MPNN, LJ, UMA).
+        The spec to validate; default ``model.distribution_spec(strategy)``, else
+        the first preset of that strategy that validates (HALO: MPNN, LJ, UMA;
+        GRAPH_PARTITION: MPNN, LJ).
     world_size:
         Ranks to spawn (default 2); must match the group's size if given under
         an existing group.
@@ -306,14 +315,25 @@ def trace_and_validate(
         ``"cuda"`` runs the decomposed forward on each rank's GPU (needs an
         existing NCCL group); default CPU for spawned ranks, the group's device
         otherwise.
+    strategy:
+        The decomposition to validate under: ``StrategyKind.HALO`` (spatial
+        boxes) or ``GRAPH_PARTITION`` (index blocks, the model's own neighbour
+        list over the real cell); the spec must declare that storage.
 
     Raises
     ------
     ConfigurationError
         On bad arguments, a model without a positive ``cutoff``, a CUDA device
-        without a process group, or a top-level call in a script without a
-        ``__main__`` guard (checked before any rank is spawned).
+        without a process group, a top-level call in a script without a
+        ``__main__`` guard, or ``GRAPH_PARTITION`` for a model whose
+        ``distribution_spec`` refuses it (checked before any rank is spawned).
     """
+    try:
+        kind = strategy if isinstance(strategy, StrategyKind) else StrategyKind(strategy)
+    except ValueError:
+        raise ConfigurationError(
+            f"trace_and_validate(strategy={strategy!r}): one of {[k.value for k in StrategyKind]}"
+        ) from None
     collective = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if collective:
         world = dist.get_world_size()
@@ -341,7 +361,18 @@ def trace_and_validate(
                 "guard (or into a function called from there). This is not a problem with "
                 "the model's spec."
             )
-    config = DomainConfig(cutoff=cutoff, skin=skin, migration_hysteresis=0.0)
+    graph = kind is StrategyKind.GRAPH_PARTITION
+    config = DomainConfig(
+        cutoff=cutoff, skin=skin, migration_hysteresis=None if graph else 0.0, strategy=kind
+    )
+    if graph and spec is None and hasattr(model, "distribution_spec"):
+        try:  # a model that declares its specs and has none for graph partition: refuse now
+            model.distribution_spec(kind)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"trace_and_validate(strategy={kind}): {exc}; validate it with "
+                "strategy=StrategyKind.HALO, or pass the graph-partition spec to check as spec="
+            ) from exc
     if isinstance(model, torch.nn.Module):
         model.to(dev)  # the reference runs where the decomposed run will
     is_root = not collective or dist.get_rank() == 0
@@ -353,11 +384,10 @@ def trace_and_validate(
         candidates.append((None, spec))
     else:
         try:
-            candidates.append((None, model.distribution_spec(StrategyKind.HALO)))
+            candidates.append((None, model.distribution_spec(kind)))
         except (NvddError, NotImplementedError, AttributeError):
             inferred = True
-            presets = (SPEC_MPNN_HALO, SPEC_LJ_HALO, SPEC_UMA_HALO)
-            candidates += [(f"inferred {p.name}", p) for p in presets]
+            candidates += [(f"inferred {p.name}", p) for p in _presets(kind)]
 
     report: ValidationReport | None = None
     fixes: list[str] = []
@@ -379,7 +409,7 @@ def trace_and_validate(
         if report.passed:
             break
         if fix and not repaired:
-            candidates += _repairs(model, candidate, report)
+            candidates += _repairs(model, candidate, report, kind)
             repaired = True
         elif not (fix or inferred):
             break
@@ -456,7 +486,17 @@ def _run_collective(
     return result
 
 
-def _repairs(model: Any, spec: MLIPSpec, report: ValidationReport) -> list[tuple[str, MLIPSpec]]:
+def _presets(kind: StrategyKind) -> tuple[MLIPSpec, ...]:
+    """The presets tried when the model has no spec for ``kind`` (or as repairs)."""
+    if kind is StrategyKind.GRAPH_PARTITION:
+        gp = MLIPSpec(distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION))
+        return (SPEC_MPNN_GP, (SPEC_LJ_HALO | gp).replace(name="SPEC_LJ_HALO | graph partition"))
+    return (SPEC_MPNN_HALO, SPEC_LJ_HALO, SPEC_UMA_HALO)
+
+
+def _repairs(
+    model: Any, spec: MLIPSpec, report: ValidationReport, kind: StrategyKind = StrategyKind.HALO
+) -> list[tuple[str, MLIPSpec]]:
     out: list[tuple[str, MLIPSpec]] = []
     culprit = report.culprit
     named = dict(model.named_modules()) if hasattr(model, "named_modules") else {}
@@ -475,7 +515,7 @@ def _repairs(model: Any, spec: MLIPSpec, report: ValidationReport) -> list[tuple
     )
     if other is ForceStrategy.AUTOGRAD or "forces" in spec.outputs:
         out.append((f"force strategy {other.value}", spec.replace(force_strategy=other)))
-    for preset in (SPEC_MPNN_HALO, SPEC_LJ_HALO, SPEC_UMA_HALO):
+    for preset in _presets(kind):
         if preset.name != spec.name:
             out.append((f"preset {preset.name}", preset))
     return out

@@ -116,7 +116,8 @@ def halo_spec(
     if graph is None:
         raise config_error(
             f"{name} supports StrategyKind.HALO only, got {kind}: it has not opted in to the "
-            "graph partition (a node partition by index; see docs/design.md)"
+            "graph partition (a node partition by index; see docs/design.md); run it with "
+            "DomainConfig(strategy=StrategyKind.HALO)"
         )
     return graph
 

@@ -110,9 +110,11 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
         """
         if current_dd_context().layout is not None:
             raise config_error(
-                "PipelineModel under a live DD context: run it through DomainParallel / "
-                "nvdd.dynamics.DistributedPipelineModel, which consolidates each component by "
-                "its own spec"
+                "PipelineModel called as one model under a live DD context: its components "
+                "must run one by one, each consolidated by its own spec; DomainParallel does "
+                "that under either strategy (nvdd.dynamics.distributed_model_for picks "
+                "DistributedPipelineModel or, for StrategyKind.GRAPH_PARTITION, "
+                "GraphPartitionPipelineModel)"
             )
         outs = [m(batch, **kwargs) for m in self.components]
         total: dict[str, torch.Tensor] = {}
