@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--restart",
         default=None,
         metavar="DIR",
-        help="continue from a checkpoint directory (any number of ranks)",
+        help="continue from a checkpoint directory (OUT/checkpoint; any number of ranks): "
+        "the system options must be the checkpoint's, the dynamics options are this run's",
     )
     robust.add_argument(
         "--watchdog",
