@@ -165,8 +165,11 @@ def _install(
 
 @nox.session
 def deps(session: nox.Session) -> None:
-    """Layer order, DAG and import scan of every package (with the checker's tests)."""
-    session.install("pytest>=8")
+    """Layer order, DAG and import scan of every package (with the checker's tests,
+    and those of the docs build's docstring check, which need the docs group's griffe)."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    session.install("pytest>=8", *(r for r in groups["docs"] if r.startswith("griffe")))
+    session.env["NVDD_REQUIRE_EXTRAS"] = "1"  # (a missing griffe fails, not skips)
     session.run("pytest", "-q", "-p", "no:cacheprovider", "tools/tests", *session.posargs)
     session.run("python", "tools/nvdd_deps.py", str(ROOT))
 
@@ -252,7 +255,8 @@ def ci(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The docs site into site/: MkDocs + mkdocstrings, read statically (no torch, no
     nvdd install). Strict: a warning, a broken internal link or anchor, or a public
-    name without a docstring fails; so does a benchmarks page that differs from
+    name (or a public method or property of an exported class) without a docstring
+    fails; so does a benchmarks page that differs from
     the result files in benchmarks/results/ (``benchmarks/render.py --check``)."""
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
     session.install(*groups["docs"])
