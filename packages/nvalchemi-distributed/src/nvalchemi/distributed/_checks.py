@@ -224,6 +224,11 @@ def _device(args: argparse.Namespace) -> list[str]:
     if not torch.cuda.is_available():
         return ["--device cuda: no CUDA device is available here (use --device cpu)"]
     count = torch.cuda.device_count()
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if "RANK" in os.environ and local.isdigit():  # under torchrun: this node's ranks
+        if int(local) > count:
+            return [f"--device cuda: {local} ranks on this node but only {count} GPU(s) here"]
+        return []
     if args.nproc > count:
         return [f"--device cuda: --nproc {args.nproc} ranks but only {count} GPU(s) here"]
     return []

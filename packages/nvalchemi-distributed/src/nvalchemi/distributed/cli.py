@@ -218,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command != "run":  # pragma: no cover - argparse enforces the choice
         return 2
+    world = os.environ.get("WORLD_SIZE", "")
+    if _under_launcher() and world.isdigit():  # a rank of a job: its size is the launcher's
+        args.nproc = int(world)
     if args.verbose:  # the ranks inherit it
         os.environ["NVDD_VERBOSE"] = "1"
     ours = _ARGS_ENV in os.environ  # started by our launcher: already checked there
