@@ -376,6 +376,33 @@ def _job_processes(token: str) -> list[int]:
 
 
 @pytest.mark.gloo
+def test_sigkill_to_the_launcher_ends_torchrun_and_every_rank(tmp_path: Path) -> None:
+    """Issue 39 item 3: torchrun and its ranks ran on unsupervised after the
+    ``nvdd`` launcher was killed with SIGKILL (no handler runs)."""
+    out = tmp_path / "orphans"
+    args = [*TINY, "--nproc", "2", "--nvt-steps", "100000", "--nve-steps", "0"]
+    args += ["--traj-every", "0", "--compare", "none", "--out", str(out)]
+    proc = subprocess.Popen(
+        _nvdd(*args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "thermo.csv").exists() or (out / "thermo.csv").stat().st_size < 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "no thermo rows"
+            time.sleep(0.2)
+        assert len(_job_processes(str(out))) >= 3  # torchrun and two ranks, running
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while _job_processes(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _job_processes(str(out)) == []
+    finally:
+        for pid in _job_processes(str(out)):  # this test's own job, if left behind
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.gloo
 def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_path: Path) -> None:
     import json
 
@@ -383,9 +410,9 @@ def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_pat
     common = [*TINY, "--traj-every", "2", "--out", str(out)]
     killed = [*common, "--nproc", "2", "--nvt-steps", "100000", "--nve-steps", "0"]
     killed += ["--checkpoint-every", "2", "--compare", "none"]
-    proc = subprocess.Popen(
-        _nvdd(*killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    logs = tmp_path / "stdout", tmp_path / "stderr"
+    with logs[0].open("w") as so, logs[1].open("w") as se:
+        proc = subprocess.Popen(_nvdd(*killed), env=_env(), stdout=so, stderr=se)
     try:
         deadline = time.monotonic() + 300
         manifest = out / "checkpoint" / "manifest.json"
@@ -407,6 +434,16 @@ def test_sigterm_stops_the_job_and_a_restart_on_other_ranks_continues_it(tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # A user's stop, not a crash (issue 39 item 5): one line, no traceback on any
+    # rank (nor gloo's "remote worker crashing"), the plot of the rows so far.
+    stdout, stderr = logs[0].read_text(), logs[1].read_text()
+    stops = re.findall(r"^stopped by SIGTERM at step (\d+); outputs kept: (.*)$", stdout, re.M)
+    assert len(stops) == 1, stdout[-3000:]
+    assert stops[0][1] == "thermo.csv, energies.png, trajectory.extxyz, checkpoint/"
+    assert "Traceback" not in stdout + stderr and "remote worker" not in stderr, stderr[-3000:]
+    assert (out / "energies.png").stat().st_size > 0
+    last_row = int((out / "thermo.csv").read_text().splitlines()[-1].split(",")[0])
+    assert last_row <= int(stops[0][0]) <= last_row + 2  # its row may not be written yet
     lines = (out / "thermo.csv").read_text().splitlines()
     assert all(len(line.split(",")) == len(THERMO_KEYS) for line in lines)  # whole rows only
     step = json.loads(manifest.read_text())["metadata"]["step"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 import warnings
@@ -39,6 +40,12 @@ from nvalchemi.distributed._outputs import (
     nve_drift_per_atom,
     output_due,
     write_plot,
+)
+from nvalchemi.distributed._stop import (
+    PARENT_ENV,
+    die_with_parent,
+    install_stop_handlers,
+    stop_signal,
 )
 from nvdd.core import Batch, CommunicationError, any_rank, init_distributed
 from nvdd.dynamics import (
@@ -201,9 +208,12 @@ class _Run:
         self.traj: TrajectoryLog | None = None
         self.bar: Any = None
         self.checkpoints = 0
+        self.current: tuple[BaseDynamics, int] | None = None  # the phase running, its offset
         if rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            keep = self.restart["step"] if self.restart else None
+            # A restart records the checkpoint's step again (from the checkpoint): a
+            # run stopped between its checkpoint and that step's outputs lacks them.
+            keep = self.restart["step"] - 1 if self.restart else None
             self.thermo = ThermoLog(self.out / "thermo.csv", keep_until=keep)
             if args.traj_every > 0 and _has_ase():
                 self.traj = TrajectoryLog(self.out / "trajectory.extxyz", keep_until=keep)
@@ -341,6 +351,7 @@ def _run_phase(
         strategy=StrategyKind.GRAPH_PARTITION if graph else StrategyKind.HALO,
     )
     dp = DomainParallel(dyn, config, watchdog_s=args.watchdog)
+    run.current = (dyn, offset)
     if dp.rank != 0:  # one copy of each partition warning is enough
         warnings.filterwarnings("ignore", category=UserWarning)
     with dp:
@@ -362,8 +373,8 @@ def _run_phase(
         # global steps (0, every interval of the whole run, the last step),
         # whatever the phase lengths.
         step, end = offset + dyn.step_count, offset + n_steps
-        if step == 0:
-            hooks.record(0)
+        if step == 0 or (run.restart is not None and run.restart["phase"] == phase):
+            hooks.record(step)
         while step < end:
             due = min(next_due(step, args.thermo_every, end), next_due(step, args.traj_every, end))
             dp.run(due - step)
@@ -416,18 +427,58 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """One rank of ``nvdd run``; returns the process exit status."""
+    """One rank of ``nvdd run``; returns the process exit status.
+
+    A user's stop (SIGTERM to ``nvdd``, Ctrl-C) ends every rank without a
+    traceback: rank 0 writes the plot of the rows so far and prints one line;
+    the status is ``128 + signal`` (see :mod:`nvalchemi.distributed._stop`).
+    """
+    if not die_with_parent(os.environ.get(PARENT_ENV)):
+        return 128 + signal.SIGTERM  # torchrun is gone already
     install_warning_format(int(os.environ.get("RANK", "0")))
     quiet_warp()
     backend = "nccl" if args.device == "cuda" else "gloo"
     env = init_distributed(backend=backend)
+    install_stop_handlers()
     device, rank = env.device, env.rank
     dtype = getattr(torch, args.dtype)
     run = _Run(args, rank, env.world_size)
     try:
         return _main(run, env, device, dtype)
+    except BaseException:
+        signum = stop_signal()
+        if signum is None:
+            raise
+        _stopped(run, signum)  # the stop, or a collective that failed after a peer left
+        return 128 + signum
     finally:
         run.close()
+
+
+def _stopped(run: _Run, signum: int) -> None:
+    """Rank 0, after a user's stop: the plot of the rows so far, and one line."""
+    if run.rank != 0:
+        return
+    if run.bar is not None:
+        run.bar.close()
+    run.close()
+    rows = run.thermo.rows if run.thermo is not None else []
+    kept = ["thermo.csv"] if rows else []
+    if write_plot(rows, run.out / "energies.png"):
+        kept.append("energies.png")
+    if run.traj is not None and run.traj.frames:
+        kept.append("trajectory.extxyz")
+    if run.checkpoints or (run.args.restart and Path(run.args.restart) == run.checkpoint_dir):
+        kept.append("checkpoint/")
+    where = ""
+    if run.current is not None:
+        dyn, offset = run.current
+        where = f" at step {offset + dyn.step_count}"
+    print(
+        f"stopped by {signal.Signals(signum).name}{where}; outputs kept: "
+        + (", ".join(kept) if kept else "none"),
+        flush=True,
+    )
 
 
 def _main(run: _Run, env: Any, device: torch.device, dtype: torch.dtype) -> int:

@@ -8,8 +8,10 @@ Under an existing torchrun environment it runs as one of its ranks instead.
 
 Every argument and the structure file are checked before any rank starts: a bad
 one gets one line on stderr and exit status 2. SIGTERM or SIGINT to ``nvdd`` is
-forwarded to torchrun (which stops its workers); whatever is still running after
-a grace period is killed.
+forwarded to torchrun (which stops its workers; the job ends with one line and
+status 128 + signal); whatever is still running after a grace period is killed.
+torchrun and the ranks end when ``nvdd`` dies, however it dies
+(:mod:`nvalchemi.distributed._stop`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from types import FrameType
@@ -259,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "nvalchemi.distributed._stop",  # torchrun, tied to this process (see _stop.py)
         "--standalone",
         f"--nproc-per-node={args.nproc}",
         "-m",
@@ -299,20 +302,42 @@ def _descendants(pid: int) -> list[tuple[int, int]]:
 
 
 def launch(cmd: list[str], env: dict[str, Any], grace_s: float = STOP_GRACE_S) -> int:
-    """Run the launcher ``cmd``; forward SIGTERM / SIGINT to it.
+    """Run the launcher ``cmd``, tied to this process; forward SIGTERM / SIGINT to it.
+
+    ``cmd`` starts in its own session and gets SIGTERM when this process dies,
+    however it dies (Linux ``PR_SET_PDEATHSIG``). A forwarded signal is first
+    written to the file ``$NVDD_STOP_NOTE`` names, so ranks tell a user's stop
+    from the end of a job after a failure.
 
     After a forwarded signal torchrun stops its workers (SIGTERM, then SIGKILL
     after its own timeout); if anything of the job still runs ``grace_s``
     seconds later, it is killed. Returns torchrun's exit status, or
     ``128 + signal`` when stopped by a signal.
     """
-    proc = subprocess.Popen(cmd, env=env)
+    from nvalchemi.distributed._stop import (
+        PARENT_ENV,
+        STOP_NOTE_ENV,
+        die_with_parent,
+        write_stop_note,
+    )
+
+    me = os.getpid()
+    note = os.path.join(tempfile.gettempdir(), f"nvdd-stop-{me}-{time.monotonic_ns()}")
+    env = {**env, PARENT_ENV: str(me), STOP_NOTE_ENV: note}
+
+    def tie_to_me() -> None:  # in the child, before exec: SIGTERM when this process dies
+        if not die_with_parent(me):
+            os._exit(128 + signal.SIGTERM)
+
+    # Its own session: a Ctrl-C reaches this process only, which passes it on once.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=tie_to_me)
     stop: dict[str, Any] = {}
 
     def forward(signum: int, frame: FrameType | None) -> None:
         if "signum" not in stop:
             stop["signum"], stop["at"] = signum, time.monotonic()
             stop["family"] = _descendants(proc.pid)
+            write_stop_note(note, signum)  # before the signal: the ranks read it
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
@@ -332,6 +357,8 @@ def launch(cmd: list[str], env: dict[str, Any], grace_s: float = STOP_GRACE_S) -
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        with contextlib.suppress(OSError):
+            os.unlink(note)
     if "signum" in stop:
         _kill_all(stop["family"])  # workers torchrun left behind, if any
         return 128 + int(stop["signum"])
