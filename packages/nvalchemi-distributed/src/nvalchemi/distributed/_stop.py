@@ -18,6 +18,8 @@ Three processes deep: the ``nvdd`` launcher, torchrun (run through this module,
   rank, status 143.
 - **Quiet torchrun.** torchrun's own stop messages (its warnings and the
   traceback of its ``SignalException``) are left out; it exits ``128 + signal``.
+  A signal torchrun gets (the launcher's death included) is noted as a stop,
+  like the launcher's.
 """
 
 from __future__ import annotations
@@ -136,10 +138,22 @@ def install_stop_handlers() -> None:
 
 
 class _QuietStop(logging.Filter):
-    """Drops torchrun's 'death signal' / 'closing signal' warnings of a stop."""
+    """Drops torchrun's 'death signal' / 'closing signal' warnings of a stop.
+
+    torchrun logs 'Received <signal> death signal' before it signals the ranks:
+    a signal from outside (the launcher, or its death through
+    ``PR_SET_PDEATHSIG``) is a stop of the whole job, so it is noted first, as
+    the launcher does (without that note a rank takes ``nvdd.core``'s slower
+    path, which looks for a failed rank first).
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
+        if "death signal" in msg and isinstance(record.args, tuple) and record.args:
+            with contextlib.suppress(Exception):
+                if _noted_signal() is None:
+                    sig: Any = record.args[0]
+                    write_stop_note(os.environ.get(STOP_NOTE_ENV), int(sig))
         return "death signal" not in msg and "closing signal" not in msg
 
 
@@ -161,6 +175,9 @@ def torchrun_main(argv: Sequence[str]) -> int:
     except SignalException as exc:
         sigval: Any = exc.sigval
         return 128 + int(sigval)
+    finally:  # the ranks are gone: the note (written here if the launcher died) too
+        with contextlib.suppress(OSError, TypeError):
+            os.unlink(os.environ.get(STOP_NOTE_ENV, ""))
     return 0
 
 
