@@ -375,6 +375,41 @@ def _job_processes(token: str) -> list[int]:
     return found
 
 
+def test_a_users_stop_is_told_from_the_end_of_a_job_after_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank side of issue 39 item 5, in process: Ctrl-C and a noted SIGTERM
+    are stops (130, 143); an unnoted SIGTERM goes to nvdd.core's handler."""
+    import logging
+
+    from nvalchemi.distributed import _stop
+
+    note = tmp_path / "note"
+    monkeypatch.setenv(_stop.STOP_NOTE_ENV, str(note))
+    state = _stop._State()
+    seen: list[int] = []
+    state.previous = {signal.SIGTERM: lambda s, f: seen.append(s)}
+    monkeypatch.setattr(_stop, "_state", state)
+    with pytest.raises(SystemExit) as ended:  # the launcher ends a job after a failure
+        _stop._on_stop(signal.SIGTERM, None)
+    assert ended.value.code == 143 and seen == [signal.SIGTERM]
+    assert _stop.stop_signal() is None
+    with pytest.raises(_stop.JobStopped) as stopped:  # Ctrl-C
+        _stop._on_stop(signal.SIGINT, None)
+    assert 128 + stopped.value.signum == 130 and _stop.stop_signal() == signal.SIGINT
+    _stop._on_stop(signal.SIGTERM, None)  # a second signal does not cut the stop short
+    monkeypatch.setattr(_stop, "_state", _stop._State())
+    # torchrun logs the signal it got before it signals the ranks: noted as a stop
+    record = logging.LogRecord(
+        "t", logging.WARNING, "", 0, "Received %s death signal, shutting down workers",
+        (signal.SIGTERM,), None,
+    )  # fmt: skip
+    assert not _stop._QuietStop().filter(record) and note.read_text() == "SIGTERM"
+    assert _stop.stop_signal() == signal.SIGTERM  # known before this rank's own signal
+    with pytest.raises(_stop.JobStopped):
+        _stop._on_stop(signal.SIGTERM, None)
+
+
 @pytest.mark.gloo
 def test_sigkill_to_the_launcher_ends_torchrun_and_every_rank(tmp_path: Path) -> None:
     """Issue 39 item 3: torchrun and its ranks ran on unsupervised after the
