@@ -11,7 +11,7 @@ from test_dynamics_domain_parallel import make_gas
 from nvdd.core import Batch, ConfigurationError, ModelOutputs
 from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 from nvdd.dynamics._verify import PROBE_MAX_ATOMS, needs_verification, probe_batch
-from nvdd.spec import SPEC_MPNN_HALO, BaseModelMixin, MLIPSpec, StrategyKind
+from nvdd.spec import SPEC_MPNN_GP, SPEC_MPNN_HALO, BaseModelMixin, MLIPSpec, StrategyKind
 from nvdd.testing import run_ranks
 
 pytestmark = pytest.mark.gloo
@@ -24,7 +24,7 @@ class PlainMP(BaseModelMixin, torch.nn.Module):
     cutoff = 2.5
 
     def distribution_spec(self, strategy: StrategyKind = StrategyKind.HALO) -> MLIPSpec:
-        return SPEC_MPNN_HALO
+        return SPEC_MPNN_GP if strategy is StrategyKind.GRAPH_PARTITION else SPEC_MPNN_HALO
 
     def forward(self, batch: Batch) -> ModelOutputs:
         pos = batch.positions.detach().requires_grad_(True)
@@ -39,9 +39,16 @@ class PlainMP(BaseModelMixin, torch.nn.Module):
         return {"energy": energy, "forces": -grad}
 
 
-def _run(model: torch.nn.Module, batch: Batch, verify: bool | None) -> str:
+def _run(
+    model: torch.nn.Module,
+    batch: Batch,
+    verify: bool | None,
+    strategy: StrategyKind = StrategyKind.HALO,
+) -> str:
     dyn = VelocityVerlet(model, batch, dt_fs=0.5)
-    config = DomainConfig(cutoff=float(model.cutoff), skin=0.2, verify_model=verify)
+    config = DomainConfig(
+        cutoff=float(model.cutoff), skin=0.2, verify_model=verify, strategy=strategy
+    )
     try:
         with DomainParallel(dyn, config) as dp:
             dp.partition()
@@ -60,6 +67,9 @@ def test_a_plain_message_passing_model_is_refused_on_every_rank() -> None:
         assert "PlainMP with spec 'SPEC_MPNN_HALO' gives different results decomposed" in message
         assert "silently wrong" in message and "refresh_neighbors" in message
         assert "forces: max abs error" in message  # the validation report follows
+    gp = StrategyKind.GRAPH_PARTITION
+    for message in run_ranks(_run, 2, PlainMP(), _open_gas(), None, gp, timeout_s=120):
+        assert "PlainMP with spec 'SPEC_MPNN_GP' gives different results decomposed" in message
 
 
 def test_the_missing_refresh_is_named_and_the_check_can_be_switched_off() -> None:

@@ -27,6 +27,7 @@ from nvdd.dynamics._base import BaseDynamics, Reducer
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
+from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.dynamics._verify import needs_verification, verify_model
@@ -218,12 +219,12 @@ class DomainParallel:
         """Refuse a model that differs decomposed from one process (``_verify``).
 
         **Collective** over the world (only where the scope is the whole world,
-        rank 0 the source and the strategy HALO with a plain model)."""
+        rank 0 the source and the model not a pipeline)."""
         dm = self.model
         whole_world = self.group is None or get_world_size(self.group) == dist.get_world_size()
         if (
             self.world_size < 2
-            or type(dm) is not DistributedModel
+            or type(dm) not in (DistributedModel, GraphPartitionModel)
             or not whole_world
             or self.src != 0
             or not needs_verification(dm.model, dm.spec, self.config.verify_model)
@@ -239,6 +240,7 @@ class DomainParallel:
             is_source=self.rank == self.src,
             ghost_width=ghost_width,
             skin=self.config.skin,
+            strategy=self.config.strategy,
         )
 
     def _scatter(self, batch: Batch | None, ghost_width: float) -> ShardedBatch | IndexShardedBatch:

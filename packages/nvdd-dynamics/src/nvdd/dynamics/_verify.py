@@ -20,7 +20,8 @@ forces and shipped models too), ``False`` none.
 
 A model whose single-process forward raises inside the process group (one that
 refuses to run while a group exists, say) is not checked, with a warning.
-Not covered: graph-partition scopes, composed (pipeline) models, restarts from
+Halo and graph-partition scopes are both checked, each under its own strategy.
+Not covered: composed (pipeline) models, restarts from
 a checkpoint (no whole system at hand), scopes whose group is not the whole
 world or whose source rank is not 0, and multi-system batches over the probe
 size (a warning says so).
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 
 from nvdd.core import Batch, ConfigurationError
-from nvdd.spec import ForceStrategy, MLIPSpec
+from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
 __all__ = ["PROBE_MAX_ATOMS", "needs_verification", "probe_batch", "verify_model"]
 
@@ -88,6 +89,7 @@ def verify_model(
     is_source: bool,
     ghost_width: float,
     skin: float,
+    strategy: StrategyKind = StrategyKind.HALO,
 ) -> None:
     """Check ``model`` decomposed over the world against one process; raise on a mismatch.
 
@@ -98,7 +100,8 @@ def verify_model(
     from nvdd.dynamics._launch import broadcast
     from nvdd.dynamics._validate import ReferenceRunError, trace_and_validate
 
-    if spec.name in _passed.get(model, set()):
+    key = f"{strategy.value}:{spec.name}"
+    if key in _passed.get(model, set()):
         return
     probe = probe_batch(batch, ghost_width) if is_source else None
     skip = broadcast(is_source and probe is None)
@@ -113,7 +116,7 @@ def verify_model(
         return
     try:
         report = trace_and_validate(
-            model, probe if probe is not None else batch, spec=spec, skin=skin
+            model, probe if probe is not None else batch, spec=spec, skin=skin, strategy=strategy
         )
     except ReferenceRunError as exc:  # e.g. a model that refuses to run inside a process group
         warnings.warn(
@@ -136,4 +139,4 @@ def verify_model(
             "suggests a spec. (DomainConfig(verify_model=False) skips this check.)\n"
             + report.summary()
         )
-    _passed.setdefault(model, set()).add(spec.name)
+    _passed.setdefault(model, set()).add(key)
