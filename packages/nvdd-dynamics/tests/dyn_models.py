@@ -174,3 +174,21 @@ class WeightedPair(SoftPair):
 
     def forward(self, batch: Batch, weights: torch.Tensor | None = None) -> ModelOutputs:
         return super().forward(batch, weights=self.weights(batch.atomic_numbers))
+
+
+class PairSum(torch.nn.Module):
+    """A composed model as DomainParallel sees one: ``pipeline_components`` (the
+    pair models in ``parts``) plus the single-process sum (the 1-rank oracle)."""
+
+    def __init__(self, parts: list[torch.nn.Module], cutoff: float) -> None:
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+        self.cutoff = cutoff
+
+    @property
+    def pipeline_components(self) -> tuple[torch.nn.Module, ...]:
+        return tuple(self.parts)
+
+    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
+        outs = [m(batch) for m in self.parts]
+        return {k: sum(o[k].detach() for o in outs) for k in ("energy", "forces")}

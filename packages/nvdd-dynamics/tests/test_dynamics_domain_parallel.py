@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from dyn_models import SoftPair, soft_pair_mpnn_spec
+from dyn_models import PairSum, SoftPair, soft_pair_mpnn_spec
 
 from nvdd.core import Batch, ConfigurationError
 from nvdd.dynamics import (
@@ -318,24 +318,13 @@ def test_one_rank_runs_the_whole_batch_unless_asked_for_the_halo(halo: bool) -> 
         assert "no halo plan" in got["plan"]
 
 
-class _Pipeline(torch.nn.Module):
-    """A composed model as DomainParallel sees one: ``pipeline_components`` plus the
-    single-process sum (the 1-rank oracle)."""
+class _Pipeline(PairSum):
+    """Two soft pair potentials, the second with the MPNN preset's spec."""
 
     def __init__(self) -> None:
-        super().__init__()
         second = soft_pair_mpnn_spec()
         second.eps = 0.05
-        self.parts = torch.nn.ModuleList([SoftPair(rc=2.5, eps=0.2), second])
-        self.cutoff = 2.5
-
-    @property
-    def pipeline_components(self) -> tuple[torch.nn.Module, ...]:
-        return tuple(self.parts)
-
-    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        outs = [m(batch) for m in self.parts]
-        return {k: sum(o[k].detach() for o in outs) for k in ("energy", "forces")}
+        super().__init__([SoftPair(rc=2.5, eps=0.2), second], cutoff=2.5)
 
 
 def _pipeline_in_domain_parallel(n_steps: int) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dyn_models import SoftPair
+from dyn_models import PairSum, SoftPair
 from test_dynamics_domain_parallel import make_gas
 
 from nvdd.core import Batch, ConfigurationError
@@ -117,25 +117,14 @@ def test_each_rank_compiles_into_its_own_cache_directory(monkeypatch: pytest.Mon
 
 
 # ------------------------------------------- pipelines and checkpoints (issue 40)
-class _PairPipeline(torch.nn.Module):
+class _PairPipeline(PairSum):
     """A composed model of two soft pair potentials, each with the spec of
     ``strategy``; its forward (the sum) is the 1-process oracle."""
 
     def __init__(self, strategy: StrategyKind) -> None:
-        super().__init__()
         spec = SPEC_PAIR_GP if strategy is GP else SPEC_LJ_HALO
-        self.parts = torch.nn.ModuleList(
-            [SoftPair(rc=2.5, eps=0.2, spec=spec), SoftPair(rc=2.0, eps=0.05, spec=spec)]
-        )
-        self.cutoff = 2.5
-
-    @property
-    def pipeline_components(self) -> tuple[torch.nn.Module, ...]:
-        return tuple(self.parts)
-
-    def forward(self, batch: Batch) -> dict[str, torch.Tensor]:
-        outs = [m(batch) for m in self.parts]
-        return {k: sum(o[k].detach() for o in outs) for k in ("energy", "forces")}
+        parts = [SoftPair(rc=2.5, eps=0.2, spec=spec), SoftPair(rc=2.0, eps=0.05, spec=spec)]
+        super().__init__(parts, cutoff=2.5)
 
 
 def _dp(strategy: StrategyKind) -> DomainParallel:
