@@ -62,8 +62,22 @@ PHASES = ("model_ms", "exchange_ms", "fold_ms", "check_ms", "total_ms")
 SHIFTS = [(a, b, c) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)]
 
 
-def _model(device: str, dtype: torch.dtype) -> Any:
-    from nvdd.models import LennardJones, LJConfig
+#: The reference MPNN's shape (as benchmarks/bench_dp.py runs it).
+MPNN = {"cutoff": 5.0, "hidden": 32, "n_layers": 2}
+
+
+def _model(device: str, dtype: torch.dtype, kind: str = "lj") -> Any:
+    from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
+
+    if kind == "mpnn":
+        config = MPNNConfig(
+            cutoff=MPNN["cutoff"],
+            species=(18,),
+            hidden=MPNN["hidden"],
+            n_layers=MPNN["n_layers"],
+            skin=SKIN,
+        )
+        return ReferenceMPNN(config, dtype=dtype, device=device)
 
     config = LJConfig(cutoff=CUTOFF, epsilon=harness.AR_EPSILON, sigma=harness.AR_SIGMA, skin=SKIN)
     return LennardJones(config).to(device=device, dtype=dtype)
@@ -127,6 +141,30 @@ def local_system(
     )
 
 
+class _Scoped:
+    """A model called inside a DD context whose ghost rows copy owned rows (a
+    :class:`~nvdd.shardtensor.SelfImageLayout`): the per-layer refreshes of a
+    message-passing model cost what they cost on a rank (a gather of the ghost
+    rows), with stand-in values for ghosts another rank would send."""
+
+    def __init__(self, model: Any, n_owned: int, n_ghost: int, device: str) -> None:
+        from nvdd.shardtensor import SelfImageLayout
+
+        self.inner = model
+        source = torch.arange(n_ghost, device=device) % max(1, n_owned)
+        self.layout = SelfImageLayout(n_owned, source)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, batch: Any) -> Any:
+        from nvdd.shardtensor import DDContext, dd_scope
+
+        leaf = batch.positions.detach().requires_grad_(True)
+        with dd_scope(DDContext(layout=self.layout, positions=leaf)):
+            return self.inner(batch.replace(positions=leaf))
+
+
 def _timed(fn: Callable[[], Any], steps: int, warmup: int, device: str) -> float:
     """ms per call of ``fn`` over ``steps`` calls after ``warmup``."""
     for _ in range(warmup):
@@ -158,13 +196,17 @@ def time_rank(
     device: str,
     graphs: bool,
     pbc: Sequence[bool] = (False, False, False),
+    scoped: bool = False,
 ) -> dict[str, float]:
-    """ms per phase of one rank's steady step (the exchanges as device copies)."""
+    """ms per phase of one rank's steady step (the exchanges as device copies;
+    ``scoped``: the model runs inside a DD context, see :class:`_Scoped`)."""
     from nvdd.dynamics import VelocityVerlet
 
     local = local_system(batch, owned, src, shift, pbc)
     n_o, n_g = owned.numel(), src.numel()
-    dyn = VelocityVerlet(model, local, dt_fs=DT_FS, cuda_graphs=graphs)
+    if scoped:
+        model = _Scoped(model, n_o, n_g, device)
+    dyn = VelocityVerlet(model, local, dt_fs=DT_FS, cuda_graphs=graphs and not scoped)
     model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
 
     pos = dyn.batch.positions
@@ -213,37 +255,48 @@ def predict(
     latency_us: float,
     allreduce_us: float,
     tol: float,
+    kind: str = "lj",
 ) -> list[dict[str, Any]]:
     """The raw one-GPU row and one row per grid and ghost layout: the phases of
-    the slowest rank, the communication term and the predicted speed-up."""
+    the slowest rank, the communication term and the predicted speed-up.
+
+    ``kind="mpnn"``: the reference MPNN, each rank's model inside a DD context
+    (:class:`_Scoped`), its feature refreshes added to the communication term;
+    its owned forces are not checked (ghost features are stand-ins)."""
     from nvdd.dynamics import VelocityVerlet
 
     dtype = getattr(torch, dtype_name)
     batch = harness.argon_fcc(cells, device=device, dtype=dtype, temperature_K=90.0)
-    model = _model(device, dtype)
+    model = _model(device, dtype, kind)
+    mpnn = kind == "mpnn"
+    cutoff = float(model.cutoff)
     n = batch.n_atoms
     raw = VelocityVerlet(model, batch.clone(), dt_fs=DT_FS, cuda_graphs=graphs)
     raw_ms = _timed(lambda: raw.run(1), steps, warmup, device)
     raw = None  # free its buffers before the ranks run
-    base = {"cells": cells, "dtype": dtype_name, "atoms": n}
+    base = {"model": kind, "cells": cells, "dtype": dtype_name, "atoms": n}
     rows: list[dict[str, Any]] = [{**base, "ranks": 1, "raw_ms": raw_ms}]
     full_forces = model(batch)["forces"].detach()
-    width = (CUTOFF + SKIN) / batch.cell[0].diagonal()
+    width = (cutoff + SKIN) / batch.cell[0].diagonal()
     frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
     itemsize = torch.finfo(dtype).bits // 8
     scale = max(1.0, float(full_forces.abs().max()))
     for spec in grids:
         grid = tuple(int(x) for x in spec.split("x"))
         for layout in layouts:
+            if mpnn and layout == "split":
+                continue  # the MPNN under a DD context takes open boundaries only
             pbc = [layout == "split" and k == 1 for k in grid]
             per_rank = []
             for coords in itertools.product(*(range(k) for k in grid)):
                 owned, src, shift = rank_rows(frac, grid, coords, width, layout)
-                local = local_system(batch, owned, src, shift, pbc)
-                err = check_rank(model, full_forces, owned, local)
-                if not err <= tol * scale:
-                    raise AssertionError(f"rank {coords} of {spec} ({layout}): |dF| {err:.3e}")
-                del local
+                err = None
+                if not mpnn:
+                    local = local_system(batch, owned, src, shift, pbc)
+                    err = check_rank(model, full_forces, owned, local)
+                    if not err <= tol * scale:
+                        raise AssertionError(f"rank {coords} of {spec} ({layout}): |dF| {err:.3e}")
+                    del local
                 t = time_rank(
                     model,
                     batch,
@@ -255,6 +308,7 @@ def predict(
                     device=device,
                     graphs=graphs,
                     pbc=pbc,
+                    scoped=mpnn,
                 )
                 t["total_ms"] = sum(t.values())
                 per_rank.append(
@@ -264,6 +318,10 @@ def predict(
             sent = max(r["ghost"] for r in per_rank) * 3 * itemsize
             wire_ms = sent / (bandwidth_gbs * 1e9) * 1e3
             comm_ms = 2 * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
+            if mpnn:  # a refresh per layer but the last, and its adjoint (a fold)
+                features = max(r["ghost"] for r in per_rank) * MPNN["hidden"] * itemsize
+                refreshes = 2 * (MPNN["n_layers"] - 1)
+                comm_ms += refreshes * (latency_us * 1e-3 + features / (bandwidth_gbs * 1e9) * 1e3)
             predicted = slow["total_ms"] + comm_ms
             rows.append(
                 {
@@ -282,7 +340,7 @@ def predict(
                     "predicted_ms": predicted,
                     "speedup": raw_ms / predicted,
                     "overhead": slow["total_ms"] / (raw_ms * slow["owned"] / n),
-                    "max_force_err": max(r["force_err"] for r in per_rank),
+                    "max_force_err": None if mpnn else max(r["force_err"] for r in per_rank),
                     "per_rank": per_rank,
                 }
             )
@@ -294,6 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cells", type=int, nargs="+", default=[63, 100])
     p.add_argument("--dtype", nargs="+", default=["float32", "float64"])
+    p.add_argument("--model", choices=("lj", "mpnn"), default="lj")
     p.add_argument("--grids", nargs="+", default=list(GRIDS), help="rank grids, e.g. 2x1x1")
     p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--steps", type=int, default=100)
@@ -310,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="CPU sizes: 4 cells, 2x1x1, 3 steps")
     p.add_argument("--out", default=str(harness.RESULTS))
-    p.add_argument("--name", default="scaling-predicted-lj")
+    p.add_argument("--name", default=None, help="default: scaling-predicted-MODEL")
     args = p.parse_args(argv)
     if args.quick:
         args.cells, args.grids, args.steps, args.warmup = [4], ["2x1x1"], 3, 1
@@ -337,11 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 latency_us=args.latency_us,
                 allreduce_us=args.allreduce_us,
                 tol=tol,
+                kind=args.model,
             )
             if args.calibrate:
                 from benchmarks.bench_dp import dd
 
-                real = dd(cells, args.steps, args.warmup, args.device, dt, halo=True)
+                real = dd(
+                    cells, args.steps, args.warmup, args.device, dt, model=args.model, halo=True
+                )
                 for r in got:
                     if r.get("grid") == "1x1x1" and r["layout"] == "faces":
                         r["runtime_ms"] = real["ms_per_step"]
@@ -355,8 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     path = harness.write_result(
-        args.name,
-        title="LJ argon: the P-GPU step predicted from one GPU (each rank's rows run in turn)",
+        args.name or f"scaling-predicted-{args.model}",
+        title=("LJ argon" if args.model == "lj" else "The reference MPNN on argon")
+        + ": the P-GPU step predicted from one GPU (each rank's rows run in turn)",
         command=command.strip(),
         rows=rows,
         benchmark="benchmarks/predict_scaling.py",

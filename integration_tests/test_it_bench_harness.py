@@ -79,6 +79,15 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     assert split["ghost_max"] < faces["ghost_max"]
     assert "## Scaling predicted from one GPU" in render.render(render.load_results(tmp_path))
 
+    # the MPNN: its ranks inside a DD context, feature refreshes on the wire
+    assert ps.main(["--quick", "--model", "mpnn", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "scaling-predicted-mpnn.json").read_text())
+    raw, faces = doc["rows"]  # open boundaries under a DD context: no split layout
+    assert faces["model"] == "mpnn" and faces["layout"] == "faces"
+    assert sum(r["owned"] for r in faces["per_rank"]) == raw["atoms"]
+    assert faces["comm_ms"] > 2 * 20e-3 + 2 * 20e-3  # positions, forces, a refresh and its fold
+    assert "the reference MPNN" in render.render(render.load_results(tmp_path))
+
     # the force check can fail: a ghost layer thinner than the cutoff misses pairs
     batch = harness.argon_fcc(4, dtype=torch.float64)
     model = ps._model("cpu", torch.float64)
