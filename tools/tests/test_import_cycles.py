@@ -24,7 +24,6 @@ KNOWN = [
     {"nvdd.dynamics._collectives", "nvdd.dynamics._consolidate"},
     {"nvdd.partition._migrate_kernel", "nvdd.partition._spatial", "nvdd.partition._state_io"},
     {"nvdd.dynamics._checkpoint", "nvdd.dynamics._domain_parallel", "nvdd.dynamics._progress"},
-    {"nvalchemi.distributed._checks", "nvalchemi.distributed._runfile"},
 ]
 
 

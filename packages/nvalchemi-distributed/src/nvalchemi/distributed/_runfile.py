@@ -165,7 +165,7 @@ def build_system(
     """The system of a run file (a built-in crystal, or a structure file with charges)."""
     system = dict(data.get("system", {}))
     if "structure" in system:
-        from nvalchemi.distributed._checks import read_structure
+        from nvalchemi.distributed._structure import read_structure
 
         # one frame (FILE@INDEX for a trajectory), as checked before launch
         label = f"[system] structure = {str(system['structure'])!r}"
@@ -211,7 +211,7 @@ def _system_problems(system: Any, periodic: bool) -> list[str]:
             elif isinstance(q, bool) or not isinstance(q, int | float) or q != q:
                 out.append(f"[system] charges: {key} = {q!r} is not a number")
     if "structure" in system:
-        from nvalchemi.distributed._checks import read_structure, structure_problems
+        from nvalchemi.distributed._structure import read_structure, structure_problems
 
         label = f"[system] structure = {str(system['structure'])!r}"
         try:
