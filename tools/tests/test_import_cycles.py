@@ -21,7 +21,6 @@ KNOWN = [
     {"nvdd.core._ase", "nvdd.core._batch", "nvdd.core._batch_validation"},
     {"nvdd.core._failures", "nvdd.core._lifecycle", "nvdd.core._watchdog"},
     {"nvdd.dynamics._base", "nvdd.dynamics._graph_step", "nvdd.dynamics._hooks"},
-    {"nvdd.dynamics._collectives", "nvdd.dynamics._consolidate"},
     {"nvdd.partition._migrate_kernel", "nvdd.partition._spatial", "nvdd.partition._state_io"},
     {"nvdd.dynamics._checkpoint", "nvdd.dynamics._domain_parallel", "nvdd.dynamics._progress"},
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -13,12 +13,25 @@ from nvdd.dynamics._base import Reducer
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from nvdd.dynamics._consolidate import PendingTotals
-
 __all__ = ["COUNTED_COLLECTIVES", "MeshReducer", "count_collectives"]
 
 #: The collective names :func:`count_collectives` reports (``nvdd.core.COLLECTIVE_NAMES``).
 COUNTED_COLLECTIVES = COLLECTIVE_NAMES
+
+
+class Pending(Protocol):
+    """What :class:`MeshReducer` needs of the pending per-system totals
+    (``nvdd.dynamics._consolidate.PendingTotals``)."""
+
+    def partials(self) -> dict[str, torch.Tensor]:
+        """The unreduced partials (no communication)."""
+        ...
+
+    def materialize_with(
+        self, extra: torch.Tensor, names: Iterable[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``extra`` summed over ranks and the totals of ``names``, in one all-reduce."""
+        ...
 
 
 class MeshReducer(Reducer):
@@ -35,7 +48,7 @@ class MeshReducer(Reducer):
         integrator's own sums.
     """
 
-    def __init__(self, group: ProcessGroup | None, totals: PendingTotals | None = None) -> None:
+    def __init__(self, group: ProcessGroup | None, totals: Pending | None = None) -> None:
         self.group = group
         self.totals = totals
 
