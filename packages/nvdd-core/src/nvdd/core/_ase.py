@@ -1,9 +1,14 @@
-"""Conversion between :class:`~nvdd.core.Batch` and ASE ``Atoms`` (optional extra ``ase``)."""
+"""Conversion between :class:`~nvdd.core.Batch` and ASE ``Atoms`` (optional extra ``ase``).
+
+Below ``_batch`` (whose ``from_ase`` / ``to_ase`` call it): it returns the fields
+of a batch (:class:`AseFields`) and reads one through
+:class:`~nvdd.core._fields.BatchFields`, never importing the class.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -13,9 +18,9 @@ from nvdd.core._errors import OptionalDependencyError, ValidationError
 if TYPE_CHECKING:
     from ase import Atoms
 
-    from nvdd.core._batch import Batch
+    from nvdd.core._fields import BatchFields
 
-__all__ = ["batch_from_ase", "batch_to_ase"]
+__all__ = ["AseFields", "batch_to_ase", "fields_from_ase"]
 
 _ID_KEY = "atom_ids"
 #: Per-atom energies (``atom_extras``, kept by the integrators) become ASE's
@@ -37,12 +42,26 @@ def _ase() -> Any:
     return ase
 
 
-def batch_from_ase(
-    atoms: Atoms | Sequence[Atoms], *, dtype: torch.dtype, device: torch.device | str
-) -> Batch:
-    """See :meth:`Batch.from_ase`."""
-    from nvdd.core._batch import Batch
+class AseFields(TypedDict):
+    """The keyword arguments of :class:`~nvdd.core.Batch` that ``Atoms`` give."""
 
+    positions: torch.Tensor
+    atomic_numbers: torch.Tensor
+    masses: torch.Tensor
+    velocities: torch.Tensor
+    forces: torch.Tensor
+    system_index: torch.Tensor
+    atom_ids: torch.Tensor
+    cell: torch.Tensor
+    pbc: torch.Tensor
+    energy: torch.Tensor
+    stress: torch.Tensor
+
+
+def fields_from_ase(
+    atoms: Atoms | Sequence[Atoms], *, dtype: torch.dtype, device: torch.device | str
+) -> AseFields:
+    """The fields of the batch :meth:`Batch.from_ase` builds (see there)."""
     ase = _ase()
     items = [atoms] if isinstance(atoms, ase.Atoms) else list(atoms)
     if not items:
@@ -77,7 +96,7 @@ def batch_from_ase(
     def t(x: Any, dt: torch.dtype = dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), dtype=dt, device=device)
 
-    return Batch(
+    return AseFields(
         positions=t(np.concatenate(pos)),
         atomic_numbers=t(np.concatenate(z), torch.int64),
         masses=t(np.concatenate(m)),
@@ -92,8 +111,8 @@ def batch_from_ase(
     )
 
 
-def batch_to_ase(batch: Batch) -> list[Atoms]:
-    """See :meth:`Batch.to_ase`.
+def batch_to_ase(cpu: BatchFields) -> list[Atoms]:
+    """See :meth:`Batch.to_ase`; ``cpu`` is the batch on the CPU.
 
     Per-atom outputs kept in ``atom_extras`` go into the single-point calculator
     (extxyz columns when written): ``atom_energies`` as ``energies``, and
@@ -104,8 +123,7 @@ def batch_to_ase(batch: Batch) -> list[Atoms]:
     from ase.calculators.singlepoint import SinglePointCalculator
 
     out = []
-    cpu = batch.to("cpu")
-    for s in range(batch.n_systems):
+    for s in range(cpu.n_systems):
         rows = (cpu.system_index == s).nonzero().flatten()
         a = ase.Atoms(
             numbers=cpu.atomic_numbers[rows].numpy(),

@@ -411,16 +411,16 @@ class Batch:
         Ids come from ``atoms.arrays["atom_ids"]`` when present, else are numbered
         consecutively across the inputs. Needs the optional extra ``ase``.
         """
-        from nvdd.core._ase import batch_from_ase
+        from nvdd.core._ase import fields_from_ase
 
-        return batch_from_ase(atoms, dtype=dtype, device=device)
+        return Batch(**fields_from_ase(atoms, dtype=dtype, device=device))
 
     def to_ase(self) -> list[Atoms]:
         """One ASE ``Atoms`` per system (ids in ``arrays["atom_ids"]``, energy,
         forces and stress in a single-point calculator). Needs the extra ``ase``."""
         from nvdd.core._ase import batch_to_ase
 
-        return batch_to_ase(self)
+        return batch_to_ase(self.to("cpu"))
 
     def __repr__(self) -> str:
         extras = ""

@@ -1,16 +1,13 @@
-"""Field-by-field validation of a :class:`~nvdd.core.Batch`."""
+"""Field-by-field validation of a :class:`~nvdd.core.Batch` (read through
+:class:`~nvdd.core._fields.BatchFields`: ``_batch`` imports this module, not the
+reverse)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from nvdd.core._errors import ValidationError
-from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
-
-if TYPE_CHECKING:
-    from nvdd.core._batch import Batch
+from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS, BatchFields
 
 __all__ = ["check_batch", "check_cell"]
 
@@ -70,7 +67,7 @@ def check_cell(cell: torch.Tensor, pbc: torch.Tensor, *, rel_tol: float = 1e-10)
             )
 
 
-def check_batch(b: Batch) -> None:
+def check_batch(b: BatchFields) -> None:
     """Validate every field of ``b``; see :meth:`Batch.validate`."""
     pos = b.positions
     if not isinstance(pos, torch.Tensor) or pos.ndim != 2 or pos.shape[1] != 3:
