@@ -31,7 +31,6 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     TensorMemo,
-    ValidationError,
     after_replay,
     capturing,
     count_collectives,
@@ -42,6 +41,7 @@ from nvdd.core import (
 from nvdd.dynamics._compile import CompileMode, compiled_forward, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
+from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
 from nvdd.dynamics._step_decision import (
     MODEL_GROWS,
@@ -650,20 +650,11 @@ class DistributedModel:
         with torch.set_grad_enabled(autograd or torch.is_grad_enabled()):
             raw = dict(self.forward_fn(local.replace(positions=pos)))
         t0 = self._timer("model", t0)
-        if "forces" in raw:
-            forces = raw.pop("forces")
-        elif autograd and "energy" in raw:
-            (grad,) = torch.autograd.grad(raw["energy"].sum(), pos, allow_unused=True)
-            forces = -grad if grad is not None else torch.zeros_like(pos)
-        else:
-            raise ValidationError(
-                f"{type(self.model).__name__} returned neither 'forces' nor a differentiable "
-                f"'energy' (got {sorted(raw)}) under {self.spec.force_strategy}"
-            )
+        forces = extract_forces(raw, pos, self.spec.force_strategy, type(self.model).__name__)
         final: dict[str, Any] = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()
         }
-        final["forces"] = forces.detach()
+        final["forces"] = forces
         assert self.pending is not None
         self.pending.set({})  # every output is already the total
         self._timer("reduce", t0)
@@ -714,22 +705,7 @@ class DistributedModel:
     ) -> ModelOutputs:
         plan = self.plan
         spec = spec if spec is not None else self.spec
-        if "forces" in raw:
-            f_padded = raw.pop("forces")
-        elif spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
-            (grad,) = torch.autograd.grad(raw["energy"].sum(), padded, allow_unused=True)
-            f_padded = -grad if grad is not None else torch.zeros_like(padded)
-        else:
-            raise ValidationError(
-                f"{type(self.model).__name__} returned neither 'forces' nor a differentiable "
-                f"'energy' (got {sorted(raw)}) under {spec.force_strategy}"
-            )
-        if f_padded.shape != padded.shape:
-            raise ValidationError(
-                f"forces have shape {tuple(f_padded.shape)}, expected the padded rows "
-                f"{tuple(padded.shape)}"
-            )
-        f_padded = f_padded.detach()
+        f_padded = extract_forces(raw, padded, spec.force_strategy, type(self.model).__name__)
         if folds_forces(spec):
             forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
         else:  # the spec says owned rows are already exact: ghost rows are dropped

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError
+from nvdd.core import Batch, ConfigurationError, ModelOutputs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import consolidate, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel
+from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.shardtensor import dd_scope
 from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
@@ -162,7 +163,7 @@ class DistributedPipelineModel(DistributedModel):
                 torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
             ):
                 raw = dict(model(batch))
-            f_component = _padded_forces(model, spec, raw, leaf)
+            f_component = extract_forces(raw, leaf, spec.force_strategy, type(model).__name__)
             if folds_forces(spec):
                 f_padded = f_padded + f_component
             else:
@@ -185,29 +186,6 @@ class DistributedPipelineModel(DistributedModel):
         finals["forces"] = forces
         self._timer("reduce", t0)
         return finals  # type: ignore[return-value]
-
-
-def _padded_forces(
-    model: Any, spec: MLIPSpec, raw: dict[str, Any], leaf: torch.Tensor
-) -> torch.Tensor:
-    """A component's forces on every padded row (its own, or ``-dE/dx`` by autograd)."""
-    if "forces" in raw:
-        f = raw.pop("forces")
-    elif spec.force_strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
-        (grad,) = torch.autograd.grad(raw["energy"].sum(), leaf, allow_unused=True)
-        f = -grad if grad is not None else torch.zeros_like(leaf)
-    else:
-        raise ValidationError(
-            f"{type(model).__name__} returned neither 'forces' nor a differentiable 'energy' "
-            f"(got {sorted(raw)}) under {spec.force_strategy}"
-        )
-    if f.shape != leaf.shape:
-        raise ValidationError(
-            f"{type(model).__name__}: forces have shape {tuple(f.shape)}, expected the padded "
-            f"rows {tuple(leaf.shape)}"
-        )
-    out: torch.Tensor = f.detach()
-    return out
 
 
 class _Components:
