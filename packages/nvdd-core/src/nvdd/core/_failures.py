@@ -24,6 +24,11 @@ own: the launcher stops it with SIGTERM first. Its SIGTERM handler
 0 was stopped by SIGTERM; rank(s) [1] stopped responding ...``. A watchdog that
 ends its rank records why (:func:`record_failure`), so the others name it as the
 first failure rather than as a rank that went silent.
+
+Layers of nvdd-core's process supervision, each importing only those below it:
+this module (failure reports, the bottom) < ``_lifecycle`` (teardown, signals)
+< ``_watchdog`` (on top). The report reads the watchdog's liveness through the
+:class:`Liveness` protocol, which the watchdog registers (:func:`watch_liveness`).
 """
 
 from __future__ import annotations
@@ -36,19 +41,55 @@ import threading
 import time
 import traceback
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
 from nvdd.core._errors import CommunicationError
 
-__all__ = ["failure_note", "install_failure_report", "record_failure", "termination_note"]
+__all__ = [
+    "Liveness",
+    "failure_note",
+    "install_failure_report",
+    "record_failure",
+    "reporting_failure",
+    "termination_note",
+    "watch_liveness",
+]
 
 #: Seconds a rank whose collective failed waits for the culprit's record.
 WAIT_FOR_CAUSE_S = 3.0
 _PREFIX = "nvdd/failures/"
 _installed = False
 _lock = threading.Lock()
+
+#: Set while an uncaught exception is being reported: SIGTERM then only marks the
+#: process for exit (it is exiting anyway) instead of cutting the report short
+#: (``_lifecycle``'s handler reads it).
+reporting_failure = threading.Event()
+
+
+class Liveness(Protocol):
+    """What the report reads of a watchdog (:class:`nvdd.core.Watchdog` is one):
+    its publication interval and the ranks' published progress entries."""
+
+    @property
+    def interval_s(self) -> float: ...
+
+    def progress(self) -> dict[int, Any]: ...
+
+    def silent_ranks(self, earlier: dict[int, Any] | None = None) -> list[int]: ...
+
+
+_liveness: list[Liveness] = []  # the last watchdog started, running or not
+
+
+def watch_liveness(source: Liveness) -> None:
+    """Make ``source`` the watchdog the report reads (each watchdog calls it when
+    it starts). It stays so after it stopped: an exception that ends a
+    ``DomainParallel`` block stops its watchdog before the failure is reported,
+    and its store entries still tell which ranks went silent. Local."""
+    _liveness[:] = [source]
 
 
 def _store() -> Any:
@@ -193,9 +234,7 @@ class _Liveness:
     intervals apart: the first taken now, the second by :meth:`silent`."""
 
     def __init__(self) -> None:
-        from nvdd.core._watchdog import latest_watchdog
-
-        self.wd = latest_watchdog()
+        self.wd = _liveness[0] if _liveness else None
         self.t0 = time.monotonic()
         self.first: dict[int, Any] = {}
         if self.wd is not None:
@@ -226,8 +265,6 @@ def install_failure_report() -> None:
             return
         # The launcher stops the other ranks with SIGTERM as soon as one fails:
         # let it wait the few seconds it takes to name the culprit.
-        from nvdd.core._lifecycle import reporting_failure
-
         reporting_failure.set()
         try:
             note = failure_note(exc)

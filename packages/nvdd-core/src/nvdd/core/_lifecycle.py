@@ -7,6 +7,10 @@ included, possibly while it writes its outputs. :func:`install_teardown` makes
 nvdd own the teardown instead: at interpreter exit (normal, after an uncaught
 exception, or after SIGTERM / SIGINT) the watchdogs stop and the process group
 is destroyed before the interpreter goes away.
+
+Layers of nvdd-core's process supervision, each importing only those below it:
+``_failures`` (failure reports) < this module (teardown, signals) < ``_watchdog``
+(which registers its ``stop`` here as a closer).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
+
+from nvdd.core._failures import install_failure_report, reporting_failure, termination_note
 
 __all__ = ["cpu_threads_per_rank", "install_teardown"]
 
@@ -106,8 +112,6 @@ def install_teardown(*, signals: bool = True, grace_s: float = DEFAULT_EXIT_GRAC
         if not _atexit_done:
             atexit.register(teardown)
             _atexit_done = True
-    from nvdd.core._failures import install_failure_report
-
     install_failure_report()
     if signals:
         _install_signal_handlers(grace_s)
@@ -124,11 +128,6 @@ def _install_signal_handlers(grace_s: float) -> None:
     _start_grace_watcher(grace_s)
 
 
-#: Set while an uncaught exception is being reported: SIGTERM then only marks the
-#: process for exit (it is exiting anyway) instead of cutting the report short.
-reporting_failure = threading.Event()
-
-
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # A process that is already failing (an exception unwinds through ``finally``
     # and ``__exit__`` blocks, or is being reported) ends by itself in a moment;
@@ -140,8 +139,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # one died. Say which (a few seconds at most, within the grace) before exiting;
     # a second SIGTERM meanwhile does not cut the note short.
     reporting_failure.set()
-    from nvdd.core._failures import termination_note
-
     try:
         note = termination_note()
     except Exception:  # never block the exit

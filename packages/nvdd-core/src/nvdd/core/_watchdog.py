@@ -15,6 +15,11 @@ group's timeout (600 s by default), and nobody says who stopped. A
 
 It works on any backend (gloo, NCCL): only the store is used, never a
 collective. Beats are cheap (no I/O: a counter, a clock read).
+
+Layers of nvdd-core's process supervision, each importing only those below it:
+``_failures`` (failure reports) < ``_lifecycle`` (teardown, signals) < this
+module (on top): a watchdog registers its ``stop`` with the teardown, itself with
+the failure report (``watch_liveness``), and records why it ended its rank.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from nvdd.core._errors import ConfigurationError
+from nvdd.core._failures import record_failure, watch_liveness
 from nvdd.core._lifecycle import register_closer, unregister_closer
 
 if TYPE_CHECKING:
@@ -51,7 +57,6 @@ WATCHDOG_EXIT_CODE = 75
 
 _generation = itertools.count()
 _current: list[Watchdog] = []
-_latest: list[Watchdog] = []  # the last one started, running or not
 _LIBRARY_DIRS = (os.sep + "torch" + os.sep, os.sep + "threading.py")
 
 
@@ -234,7 +239,7 @@ class Watchdog:
         )
         self._thread.start()
         _current.append(self)
-        _latest[:] = [self]
+        watch_liveness(self)
         register_closer(self.stop)
         return self
 
@@ -399,8 +404,6 @@ class Watchdog:
                 "it (rank 0 without torchrun) or the launcher may be gone"
             )
         if reachable:  # the others, stopped by the launcher, name this as the cause
-            from nvdd.core._failures import record_failure
-
             silent = self.holding_up(first, second)
             record_failure(
                 f"nvdd watchdog: no progress for {idle:.1f} s at {self._label!r}"
@@ -507,13 +510,6 @@ class Watchdog:
             "this long."
         )
         return "\n".join(lines)
-
-
-def latest_watchdog() -> Watchdog | None:
-    """The last watchdog this process started, even if stopped since (an exception
-    that ends a ``DomainParallel`` block stops its watchdog before the failure is
-    reported; its store entries still tell which ranks went silent)."""
-    return _latest[0] if _latest else None
 
 
 def _default_store() -> Store:
