@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Circles present when the check was written (each to be broken, then removed here).
 KNOWN = [
     {"nvdd.dynamics._base", "nvdd.dynamics._graph_step", "nvdd.dynamics._hooks"},
-    {"nvdd.partition._migrate_kernel", "nvdd.partition._spatial", "nvdd.partition._state_io"},
     {"nvdd.dynamics._checkpoint", "nvdd.dynamics._domain_parallel", "nvdd.dynamics._progress"},
 ]
 

@@ -33,7 +33,7 @@ side of such a face is a valid owner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import warp as wp
@@ -42,9 +42,53 @@ from nvdd.core import RecordedKernel
 from nvdd.partition._geometry import face_tolerance
 
 if TYPE_CHECKING:
-    from nvdd.partition._spatial import SpatialPartitioner
+    from nvdd.partition._state import _State
 
-__all__ = ["destinations_kernel", "kernel_destinations", "torch_destinations"]
+__all__ = ["Partitioner", "destinations_kernel", "kernel_destinations", "torch_destinations"]
+
+
+class Partitioner(Protocol):
+    """What the migration reads of a :class:`~nvdd.partition.SpatialPartitioner`
+    (typed here: ``_spatial`` imports this module, not the reverse)."""
+
+    _s: _State
+    _on_device: dict[tuple[torch.device, object], tuple[torch.Tensor, ...]]
+
+    @property
+    def n_systems(self) -> int: ...
+
+    def _domain_on(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]: ...
+
+    def domain_cell(self, cell: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def wrap_positions(
+        self,
+        positions: torch.Tensor,
+        system_index: torch.Tensor | None = None,
+        *,
+        cell: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def _frac(
+        self,
+        positions: torch.Tensor,
+        si: torch.Tensor,
+        cell: torch.Tensor | None,
+        *,
+        wrapped: bool = False,
+    ) -> torch.Tensor: ...
+
+    def _keeps(
+        self,
+        frac: torch.Tensor,
+        si: torch.Tensor,
+        owner: torch.Tensor | int,
+        h: float,
+        cell: torch.Tensor | None,
+    ) -> torch.Tensor: ...
+
+    def _locate(self, frac: torch.Tensor, si: torch.Tensor) -> torch.Tensor: ...
+
 
 _F64 = wp.float64
 
@@ -139,7 +183,7 @@ _KERNEL = RecordedKernel(destinations_kernel, doubles=(4,))
 
 
 def kernel_destinations(
-    part: SpatialPartitioner,
+    part: Partitioner,
     positions: torch.Tensor,
     rank: int,
     h: float,
@@ -175,7 +219,7 @@ def kernel_destinations(
 
 
 def torch_destinations(
-    part: SpatialPartitioner,
+    part: Partitioner,
     positions: torch.Tensor,
     si: torch.Tensor,
     rank: int,
@@ -195,7 +239,7 @@ def torch_destinations(
 
 
 def _nearest_image(
-    part: SpatialPartitioner,
+    part: Partitioner,
     wrapped: torch.Tensor,
     frac: torch.Tensor,
     si: torch.Tensor,

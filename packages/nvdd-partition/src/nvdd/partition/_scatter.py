@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from nvdd.core import Batch, ConfigurationError, NvddError, ValidationError
-from nvdd.partition._spatial import SpatialPartitioner, _State
+from nvdd.partition._spatial import SpatialPartitioner
+from nvdd.partition._state import _State
 
 __all__ = ["ERRORS", "Header", "PartitionerSource", "build_local", "src_header"]
 

@@ -1,10 +1,15 @@
-"""`SpatialPartitioner`: rank grid, sub-domain boxes, ownership and hysteresis."""
+"""`SpatialPartitioner`: rank grid, sub-domain boxes, ownership and hysteresis.
+
+On top of its helpers: ``_state`` (the frozen state) < ``_state_io`` (as JSON)
+and ``_migrate_kernel`` (the migration, which reads a partitioner through its
+``Partitioner`` protocol) < this module.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,7 +35,7 @@ from nvdd.partition._build import (
     positive_int,
     split_positions,
 )
-from nvdd.partition._cuts import CutTable, explicit_table
+from nvdd.partition._cuts import explicit_table
 from nvdd.partition._degenerate import coverage_reasons, empty_rank_reasons
 from nvdd.partition._geometry import (
     build_domain_cell,
@@ -42,6 +47,8 @@ from nvdd.partition._geometry import (
     wrap_fractional,
 )
 from nvdd.partition._migrate_kernel import kernel_destinations, torch_destinations
+from nvdd.partition._state import _State
+from nvdd.partition._state_io import state_from_dict, state_to_dict
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -49,24 +56,6 @@ if TYPE_CHECKING:
     from nvdd.halo import ParticleHaloConfig
 
 __all__ = ["BalanceMode", "SpatialPartitioner"]
-
-
-@dataclass(frozen=True)
-class _State:
-    """Everything a partitioner is (CPU tensors; broadcast as one object)."""
-
-    cell: torch.Tensor  # (S, 3, 3) float64, as given
-    pbc: torch.Tensor  # (S, 3) bool
-    domain: torch.Tensor  # (S, 3, 3) float64
-    synthetic: torch.Tensor  # (S, 3) bool
-    extent: torch.Tensor  # (S, 2, 3) float64, NaN where unknown
-    tables: tuple[CutTable, ...]
-    world_size: int
-    ghost_width: float
-    skin: float | None
-    balance: BalanceMode
-    require_nondegenerate: bool
-    build_counts: torch.Tensor | None  # (world_size,) int64
 
 
 class SpatialPartitioner:
@@ -714,8 +703,6 @@ class SpatialPartitioner:
         :meth:`from_dict` rebuilds it with the same :meth:`fingerprint` (checkpoints
         store it to restart with exactly these boxes).
         """
-        from nvdd.partition._state_io import state_to_dict
-
         return state_to_dict(self._s)
 
     @classmethod
@@ -727,8 +714,6 @@ class SpatialPartitioner:
         ValidationError
             When ``data`` is not such a description.
         """
-        from nvdd.partition._state_io import state_from_dict
-
         return cls._from_state(state_from_dict(data))
 
     def fingerprint(self) -> int:

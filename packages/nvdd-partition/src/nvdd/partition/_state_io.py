@@ -8,16 +8,14 @@ NaN and infinities as the JSON extensions ``NaN`` / ``Infinity``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from nvdd.core import ValidationError
 from nvdd.partition._build import BalanceMode
 from nvdd.partition._cuts import CutTable
-
-if TYPE_CHECKING:
-    from nvdd.partition._spatial import _State
+from nvdd.partition._state import _State
 
 __all__ = ["FORMAT_VERSION", "state_from_dict", "state_to_dict"]
 
@@ -60,8 +58,6 @@ def state_from_dict(data: dict[str, Any]) -> _State:
     ValidationError
         On a missing key, an unknown version or malformed values.
     """
-    from nvdd.partition._spatial import _State
-
     if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
         got = data.get("version") if isinstance(data, dict) else type(data).__name__
         raise ValidationError(
