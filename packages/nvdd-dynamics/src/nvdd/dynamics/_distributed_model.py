@@ -1,15 +1,19 @@
 """`DistributedModel`: one model forward on this rank's ``[owned | ghost]`` rows.
 
-Per call (the integrator's compute stage):
+Per force computation, one method per phase of :mod:`nvdd.dynamics._step`
+(``__call__`` runs them in order):
 
-1. one all-reduce of a flag: did any owned atom move (in the frame that follows
-   the cell) more than half the skin the cell's strain left since the last build
-   (:func:`nvdd.core.skin_exceeded`)? If so, migrate atoms that left their box
+1. :meth:`~DistributedModel.decide`: one all-reduce of a flag: did any owned
+   atom move (in the frame that follows the cell) more than half the skin the
+   cell's strain left since the last build (:func:`nvdd.core.skin_exceeded`)?
+2. :meth:`~DistributedModel.rebuild`, if so: migrate atoms that left their box
    and rebuild the halo plan (Verlet-style reuse otherwise);
-2. one forward exchange: ghost positions (image shifts from the current cell);
-3. the model on the padded rows, open boundaries, inside the DD context;
-4. consolidation by the spec: forces folded (one reverse exchange), per-system
-   partials kept until a hook needs them.
+3. :meth:`~DistributedModel.exchange`: one forward exchange of ghost positions
+   (image shifts from the current cell);
+4. :meth:`~DistributedModel.forward`: the model on the padded rows, open
+   boundaries, inside the DD context;
+5. :meth:`~DistributedModel.fold`: consolidation by the spec: forces folded
+   (one reverse exchange), per-system partials kept until a hook needs them.
 
 So a step that rebuilds nothing costs two ``all_to_all_single`` and one small
 all-reduce (plus what the model itself asks for, e.g. ``system_sum``).
@@ -20,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,6 +48,7 @@ from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
+from nvdd.dynamics._step import StepState, compute_forces
 from nvdd.dynamics._step_decision import (
     MODEL_GROWS,
     REBUILD,
@@ -206,6 +212,11 @@ class DistributedModel:
         # step of a model that splits its steps begins with that search)
         self._head_padded: tuple[int, torch.Tensor] | None = None
         self._decided: bool | None = None
+        # __call__'s state of the step phases, and the phases' bookkeeping
+        self._st: StepState | None = None
+        self._counting: AbstractContextManager[Counter[str]] | None = None
+        self._counts: Counter[str] = Counter()
+        self._graphs_at_open: int | None = None
 
     # ---------------------------------------------------------------- scope
     @property
@@ -320,57 +331,147 @@ class DistributedModel:
 
     # ------------------------------------------------------------- the step
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
-        """Outputs for this rank's owned atoms (a ``ForceProvider``).
+        """Outputs for this rank's owned atoms (a ``ForceProvider``): the phases
+        below in one call (:func:`nvdd.dynamics._step.compute_forces`).
 
         **Collective** over the mesh: every rank calls it once per compute.
         Returns the batch to continue with (rows change when atoms migrate).
         """
-        if self.count:
-            with count_collectives() as counts:
-                out = self._call(batch)
-            self.stats.last_collectives = counts
-            return out
-        return self._call(batch)
-
-    def _call(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         sharded = self.sharded
         if batch is not sharded.local_batch:  # a caller that keeps its own batch
             sharded.local_batch = batch
-        t0 = time.perf_counter()
+        st = self._st
+        if st is None or st.owner is not sharded:
+            st = self._st = StepState(sharded)
+        outputs = compute_forces(self, st)
+        return sharded.local_batch, outputs
+
+    def open(self, st: StepState) -> None:
+        """Phase 0: count this force computation (and its collectives when
+        :attr:`count` is set) and start its phase timers."""
+        if self.count:
+            self._stop_counting()  # (a computation that raised left its counter open)
+            self._counting = count_collectives()
+            self._counts = self._counting.__enter__()
+        st.t0 = time.perf_counter()
         compiling = self.stats.compile_mode != CompileMode.OFF.value
-        graphs = compiled_graphs() if compiling else 0
-        if self._whole and capturing():  # a CUDA-graph capture (see graph_key)
-            flag = nonfinite_flag(batch)  # recomputed by every replay
-            after_replay(lambda: self._replayed_whole(flag))
-            return batch, self._forward_whole(batch, t0)
+        self._graphs_at_open = compiled_graphs() if compiling else None
         if not capturing():  # (a captured call is counted by each replay)
             self.stats.calls += 1
-        if self._whole:  # one rank: the model on the whole batch, its own pbc
-            self._finite.push(batch)  # no decision to make: no host sync either
+
+    def decide(self, st: StepState) -> bool:
+        """Phase 1: whether atoms migrate and the halo is rebuilt first.
+
+        **Collective** over the mesh: one small all-reduce of the step's code
+        (Verlet criterion, a model's overflow, a non-finite value anywhere:
+        :meth:`_skin_used_up`), unless :meth:`take_verdict` read it already;
+        raises on every rank together on NaN/inf. One rank running the whole
+        batch decides nothing: its non-finite flags are queued and read later
+        (no host sync).
+        """
+        batch = st.batch
+        if self._whole:
+            if capturing():  # a CUDA-graph capture (see graph_key)
+                flag = nonfinite_flag(batch)  # recomputed by every replay
+                after_replay(lambda: self._replayed_whole(flag))
+                return False
+            self._finite.push(batch)
             if self._finite.poll():
                 self.check_finite()
-            t0 = self._timer("check", t0)
-            local, outputs = batch, self._forward_whole(batch, t0)
+            st.t0 = self._timer("check", st.t0)
+            return False
+        rebuild, self._decided = self._decided, None  # (decided by take_verdict)
+        if rebuild is None:
+            rebuild = self._skin_used_up(batch)
+        st.t0 = self._timer("check", st.t0)
+        if rebuild and capturing():
+            raise CaptureError("DistributedModel: a step that rebuilds the halo")
+        return rebuild
+
+    def rebuild(self, st: StepState) -> None:
+        """Phase 2, when :meth:`decide` said so: migrate the atoms that left their
+        box (``st.batch`` then holds the new rows), build the new halo plan and
+        the padded batch's rows that do not move. **Collective** over the mesh."""
+        self._rebuild(st.batch, migrate=True)
+        st.t0 = time.perf_counter()
+
+    def exchange(self, st: StepState) -> None:
+        """Phase 3: the ``[owned | ghost]`` positions into ``st.padded``.
+
+        **Collective** under the halo: one forward exchange of the ghost
+        positions (image shifts from the batch's cell), unless this step's head
+        (:meth:`begin_step`) exchanged them already, so an eager step and a
+        replayed one make the same exchanges. One rank running the whole batch:
+        its own positions.
+        """
+        local = st.batch
+        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
+        if self._whole:
+            pos = local.positions.detach()
+            st.padded = pos.clone().requires_grad_(True) if autograd else pos
+            return
+        head = self._head_padded
+        if head is not None and head[0] == self._version:
+            padded = head[1]
         else:
-            rebuild, self._decided = self._decided, None  # (decided by take_verdict)
-            if rebuild is None:
-                rebuild = self._skin_used_up(batch)  # one small all-reduce; raises on NaN/inf
-            t0 = self._timer("check", t0)
-            if rebuild:
-                if capturing():
-                    raise CaptureError("DistributedModel: a step that rebuilds the halo")
-                self._rebuild(sharded.local_batch, migrate=True)  # migrate, then a new plan
-                t0 = time.perf_counter()
-            local = sharded.local_batch
-            outputs = self._forward(local, t0)  # exchange ghosts, run the model, fold
-            if capturing():  # the host work of every replay of this call
-                assert self.pending is not None
-                partials, version = self.pending.partials(), self._version
-                after_replay(lambda: self._replayed_halo(version, partials))
-        if compiling and compiled_graphs() != graphs:
-            self.stats.compiles += compiled_graphs() - graphs
-            self.stats.last_compile_call = self.stats.calls
-        return local, outputs
+            padded = self._padded_positions(self.plan, local)
+        if autograd:
+            padded.requires_grad_(True)
+        st.padded = padded
+        st.t0 = self._timer("exchange", st.t0)
+
+    def forward(self, st: StepState) -> None:
+        """Phase 4: the model on the padded rows, into ``st.raw`` (under the
+        halo: open boundaries, inside the DD context; one rank running the whole
+        batch: the batch with its own boundaries)."""
+        local = st.batch
+        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
+        if self._whole:
+            with torch.set_grad_enabled(autograd or torch.is_grad_enabled()):
+                st.raw = dict(self.forward_fn(local.replace(positions=st.padded)))
+            st.t0 = self._timer("model", st.t0)
+            return
+        plan, static = self.plan, self._static
+        assert static is not None
+        padded = st.padded
+        padded_batch = static.replace(positions=padded, cell=local.cell)
+        with (
+            dd_scope(self._context(plan, padded)),
+            torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
+        ):
+            st.raw = dict(self.forward_fn(padded_batch))
+        st.t0 = self._timer("model", st.t0)
+
+    def fold(self, st: StepState) -> ModelOutputs:
+        """Phase 5: the outputs of the owned rows: ghost forces folded to their
+        owners (one reverse exchange) and the other outputs consolidated as the
+        spec says (per-system partials kept in :attr:`pending`)."""
+        if self._whole:
+            return self._fold_whole(st)
+        outputs = self._consolidate(st.raw, st.padded, st.t0)
+        if capturing():  # the host work of every replay of this call
+            assert self.pending is not None
+            partials, version = self.pending.partials(), self._version
+            after_replay(lambda: self._replayed_halo(version, partials))
+        return outputs
+
+    def close(self, st: StepState) -> None:
+        """Phase 6: drop the step's scratch, note compiles, stop counting."""
+        st.padded = st.raw = None
+        graphs = self._graphs_at_open
+        if graphs is not None and not (self._whole and capturing()):
+            now = compiled_graphs()
+            if now != graphs:
+                self.stats.compiles += now - graphs
+                self.stats.last_compile_call = self.stats.calls
+        if self._counting is not None:
+            self.stats.last_collectives = self._counts
+            self._stop_counting()
+
+    def _stop_counting(self) -> None:
+        if self._counting is not None:
+            self._counting.__exit__(None, None, None)
+            self._counting = None
 
     #: Whether steady steps of the halo path may be captured (subclasses that
     #: run another step opt out).
@@ -641,23 +742,17 @@ class DistributedModel:
         self._version += 1
         self.stats.rebuilds += 1
 
-    def _forward_whole(self, local: Batch, t0: float) -> ModelOutputs:
-        """The model on every atom with its periodic boundaries (a world of one)."""
-        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
-        pos = local.positions.detach()
-        if autograd:
-            pos = pos.clone().requires_grad_(True)
-        with torch.set_grad_enabled(autograd or torch.is_grad_enabled()):
-            raw = dict(self.forward_fn(local.replace(positions=pos)))
-        t0 = self._timer("model", t0)
-        forces = extract_forces(raw, pos, self.spec.force_strategy, type(self.model).__name__)
+    def _fold_whole(self, st: StepState) -> ModelOutputs:
+        """The outputs of one rank running the whole batch: all of them totals."""
+        raw = st.raw
+        forces = extract_forces(raw, st.padded, self.spec.force_strategy, type(self.model).__name__)
         final: dict[str, Any] = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()
         }
         final["forces"] = forces
         assert self.pending is not None
         self.pending.set({})  # every output is already the total
-        self._timer("reduce", t0)
+        self._timer("reduce", st.t0)
         return final  # type: ignore[return-value]
 
     def _context(self, plan: HaloPlan, positions: torch.Tensor | None) -> DDContext:
@@ -668,30 +763,6 @@ class DistributedModel:
             positions=positions,
             topology_version=self._version,
         )
-
-    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
-        plan, static = self.plan, self._static
-        assert static is not None
-        autograd = self.spec.force_strategy is ForceStrategy.AUTOGRAD
-        # this step's head exchanged them (an eager begin, or a replay of the
-        # captured head, which rewrote the same tensor): not again here, so an
-        # eager step and a replayed one make the same exchanges
-        head = self._head_padded
-        if head is not None and head[0] == self._version:
-            padded = head[1]
-        else:
-            padded = self._padded_positions(plan, local)
-        if autograd:
-            padded.requires_grad_(True)
-        t0 = self._timer("exchange", t0)
-        padded_batch = static.replace(positions=padded, cell=local.cell)
-        with (
-            dd_scope(self._context(plan, padded)),
-            torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
-        ):
-            raw = dict(self.forward_fn(padded_batch))
-        t0 = self._timer("model", t0)
-        return self._consolidate(raw, padded, t0)
 
     @staticmethod
     def _padded_positions(plan: HaloPlan, batch: Batch) -> torch.Tensor:

@@ -33,6 +33,7 @@ from nvdd.dynamics._consolidate import consolidate, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
+from nvdd.dynamics._step import StepState
 from nvdd.shardtensor import dd_scope
 from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
@@ -143,12 +144,14 @@ class DistributedPipelineModel(DistributedModel):
         self.pipeline = pipeline
         super().__init__(_Components(models, pipeline), config, spec=merged, **kwargs)
 
-    def _forward(self, local: Batch, t0: float) -> ModelOutputs:
+    def forward(self, st: StepState) -> None:
+        """Phase 4: every component on the padded rows (each by its own spec);
+        ``st.raw``: the summed forces to fold, the summed owned-row forces, the
+        summed totals and per-system partials."""
+        local, padded = st.batch, st.padded.detach()
         plan, static = self.plan, self._static
-        assert static is not None and self.pending is not None
+        assert static is not None
         owned = local.positions.detach()
-        padded = torch.cat([owned, plan.ghost_positions(owned, local.cell).detach()])
-        t0 = self._timer("exchange", t0)
         f_padded = torch.zeros_like(padded)
         n = plan.n_owned
         f_owned = torch.zeros_like(owned)  # components whose spec says owned rows are exact
@@ -178,14 +181,22 @@ class DistributedPipelineModel(DistributedModel):
                 for k, v in values.items():
                     if isinstance(v, torch.Tensor):
                         target[k] = target[k] + v if k in target else v
-        t0 = self._timer("model", t0)
+        st.raw = (f_padded, f_owned, finals, partials)
+        st.t0 = self._timer("model", st.t0)
+
+    def fold(self, st: StepState) -> ModelOutputs:
+        """Phase 5: the summed ghost forces folded to their owners (one reverse
+        exchange); per-system partials kept in :attr:`pending`."""
+        plan, n = self.plan, self.plan.n_owned
+        assert self.pending is not None
+        f_padded, f_owned, finals, partials = st.raw
         forces = f_owned + f_padded[:n] + plan.reverse(f_padded[n:])
-        t0 = self._timer("fold", t0)
+        t0 = self._timer("fold", st.t0)
         base = {k: finals.pop(k) for k in list(finals) if k in partials}
         self.pending.set(partials, base=base)
         finals["forces"] = forces
         self._timer("reduce", t0)
-        return finals  # type: ignore[return-value]
+        return finals  # type: ignore[no-any-return]
 
 
 class _Components:
