@@ -66,6 +66,7 @@ def test_a_plain_message_passing_model_is_refused_on_every_rank() -> None:
     for message in run_ranks(_run, 2, PlainMP(), _open_gas(), None, timeout_s=120):
         assert "PlainMP with spec 'SPEC_MPNN_HALO' gives different results decomposed" in message
         assert "silently wrong" in message and "refresh_neighbors" in message
+        assert "spec=nvdd.spec.receptive_field_spec(layers=L)" in message  # the safe path
         assert "forces: max abs error" in message  # the validation report follows
     gp = StrategyKind.GRAPH_PARTITION
     for message in run_ranks(_run, 2, PlainMP(), _open_gas(), None, gp, timeout_s=120):

@@ -303,3 +303,25 @@ def test_compile_policy_compiles_with_its_fields() -> None:
     fn = policy.compile(lambda x: torch.sin(x) * 2.0, padded=True)
     x = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
     torch.testing.assert_close(fn(x), torch.sin(x) * 2.0, rtol=0, atol=0)
+
+
+def test_the_receptive_field_spec_declares_a_halo_of_2_layers_cutoffs_and_owned_rows() -> None:
+    from nvdd.spec import receptive_field_spec
+
+    spec = receptive_field_spec(layers=2)
+    assert spec.name == "receptive_field(L=2)" and spec.owned_rows_exact
+    assert spec.ghost_width(cutoff=2.5, skin=0.2) == pytest.approx(2 * 2 * 2.5 + 0.2)
+    assert spec.output("forces").effective_reduce() is Reduce.OWNED_ONLY
+    assert spec.output("atom_energies").effective_reduce() is Reduce.OWNED_ONLY
+    assert spec.output("energy").effective_reduce() is Reduce.ALL_REDUCE
+    assert MLIPSpec.from_json(spec.to_json()) == spec  # the option travels in JSON
+    gp = receptive_field_spec(3, "graph_partition", extra_ghost_width=0.5)
+    assert gp.strategy is StrategyKind.GRAPH_PARTITION
+    assert gp.ghost_width(cutoff=1.0, skin=0.0) == pytest.approx(6.5)
+    assert not SPEC_MPNN_HALO.owned_rows_exact  # the presets keep one cutoff
+    assert SPEC_MPNN_HALO.ghost_width(cutoff=2.5, skin=0.2) == pytest.approx(2.7)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="layers must be an int >= 1"):
+            receptive_field_spec(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="receptive_field_layers must be an int >= 0"):
+        StrategyOptions(receptive_field_layers=-2)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nvdd.core import ConfigurationError
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.spec import ForceStrategy, MLIPSpec, OutputKind, Reduce
 
@@ -49,8 +50,11 @@ def folds_forces(spec: MLIPSpec) -> bool:
     Autograd forces are derivatives with respect to every padded row, so the
     ghost rows' share always belongs to their owners; direct forces follow the
     ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
-    exact, ghost rows are dropped).
+    exact, ghost rows are dropped). Under a receptive-field spec
+    (``spec.owned_rows_exact``) the owned rows are exact either way: no fold.
     """
+    if spec.owned_rows_exact:
+        return False
     if spec.force_strategy is ForceStrategy.AUTOGRAD:
         return True
     return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
@@ -129,6 +133,14 @@ class PendingTotals:
         self._partials: dict[str, torch.Tensor] = {}
         self._base: dict[str, torch.Tensor] = {}
         self._totals: dict[str, torch.Tensor] = {}
+        #: ``{name: why}`` of totals the last forward cannot give (a model under
+        #: the receptive-field spec); asking for one by name raises
+        self.unavailable: dict[str, str] = {}
+
+    def _refuse(self, names: Iterable[str]) -> None:
+        for n in names:
+            if n in self.unavailable:
+                raise ConfigurationError(self.unavailable[n])
 
     def set(
         self,
@@ -158,6 +170,9 @@ class PendingTotals:
 
         **Collective** over :attr:`group` when something is pending.
         """
+        if names is not None:
+            names = list(names)
+            self._refuse(names)
         want = [n for n in (self._partials if names is None else names) if n in self._partials]
         todo = sorted(n for n in want if n not in self._totals)
         if todo:
@@ -181,6 +196,8 @@ class PendingTotals:
             ``extra`` summed (float64, its shape) and the totals of the
             ``names`` that are pending partials.
         """
+        names = list(names)
+        self._refuse(names)
         want = [n for n in names if n in self._partials]
         todo = sorted(n for n in want if n not in self._totals)
         head = extra.detach().reshape(-1).to(torch.float64)

@@ -48,6 +48,7 @@ from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
+from nvdd.dynamics._receptive import check_reach, owned_row_outputs
 from nvdd.dynamics._step import StepState, compute_forces
 from nvdd.dynamics._step_decision import (
     MODEL_GROWS,
@@ -233,7 +234,7 @@ class DistributedModel:
         """Halo width the partitioner must use: the config's (plus the spec's extra)
         plus the migration hysteresis (an owned atom may sit that far outside its
         box, and its neighbours must still be ghosts)."""
-        return self.config.resolved_ghost_width(self.spec.options.extra_ghost_width) + (
+        return self.config.resolved_ghost_width(self.spec.extra_reach(self.config.cutoff)) + (
             self.config.hysteresis
         )
 
@@ -276,6 +277,7 @@ class DistributedModel:
             )
             self.stats.compile_mode = mode.value
             return
+        check_reach(self.spec, sharded.local_batch, self.ghost_width, type(self.model).__name__)
         self._registry.install()
         try:
             self.forward_fn, mode = compiled_forward(
@@ -782,6 +784,17 @@ class DistributedModel:
         else:  # the spec says owned rows are already exact: ghost rows are dropped
             forces = f_padded[: plan.n_owned]
         t0 = self._timer("fold", t0)
+        unavailable: dict[str, str] = {}
+        if spec.owned_rows_exact:  # the receptive-field safe path: rebuild the energy
+            assert self._static is not None
+            raw, unavailable = owned_row_outputs(
+                raw,
+                spec,
+                n_owned=plan.n_owned,
+                system_index=self._static.system_index,
+                n_systems=self.sharded.local_batch.n_systems,
+                model_name=type(self.model).__name__,
+            )
         final, partial = consolidate(
             {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
             spec,
@@ -790,18 +803,24 @@ class DistributedModel:
         )
         assert self.pending is not None
         self.pending.set(partial)
+        self.pending.unavailable = unavailable
         final["forces"] = forces
         self._timer("reduce", t0)
         return final  # type: ignore[return-value]
 
     # ------------------------------------------------------------ on demand
-    def materialize(self, names: Sequence[str] = _PER_SYSTEM) -> dict[str, torch.Tensor]:
+    def materialize(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """Per-system totals (summed over ranks) of the last forward's partial outputs.
 
         **Collective** over the mesh (one all-reduce when something is pending).
+        ``names`` default: energy, stress and virial, less those the last
+        forward cannot give (a model under the receptive-field spec); naming
+        one of those raises :class:`ConfigurationError` with the reason.
         """
         if self.pending is None:
             return {}
+        if names is None:
+            names = [n for n in _PER_SYSTEM if n not in self.pending.unavailable]
         return self.pending.materialize(names)
 
 

@@ -280,14 +280,22 @@ class DomainParallel:
         """
         return self.dynamics.register_hook(stage, fn, every=every, scope=scope, needs=needs)
 
-    def totals(self, names: tuple[str, ...] = _TOTALS) -> dict[str, torch.Tensor]:
+    def totals(self, names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """Per-system totals of the last force computation (energy, stress, ...).
 
         **Collective** over the mesh (one all-reduce when something is pending);
-        also stores them in ``dynamics.batch``.
+        also stores them in ``dynamics.batch``. ``names`` default: energy,
+        stress and virial, less those a model under the receptive-field spec
+        cannot give (stored as NaN, never a stale value); naming one of those
+        raises :class:`ConfigurationError` with the reason.
         """
         totals = self.model.materialize(names)
         known: dict[str, Any] = {k: v for k, v in totals.items() if k in ("energy", "stress")}
+        pending = self.model.pending
+        if names is None and pending is not None:
+            for k in ("energy", "stress"):
+                if k in pending.unavailable:
+                    known[k] = torch.full_like(getattr(self.dynamics.batch, k), float("nan"))
         if known:
             self.dynamics.batch = self.dynamics.batch.replace(**known)
         return totals

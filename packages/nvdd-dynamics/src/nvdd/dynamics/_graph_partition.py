@@ -124,7 +124,7 @@ class GraphPartitionModel(DistributedModel):
     def ghost_width(self) -> float:
         """Distance within which non-owned atoms become ghost rows: ``cutoff +
         skin`` (plus the spec's extra); no migration hysteresis (nothing migrates)."""
-        return self.config.resolved_ghost_width(self.spec.options.extra_ghost_width)
+        return self.config.resolved_ghost_width(self.spec.extra_reach(self.config.cutoff))
 
     @property
     def index_sharded(self) -> IndexShardedBatch:

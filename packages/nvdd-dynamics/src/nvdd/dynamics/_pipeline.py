@@ -130,6 +130,11 @@ class DistributedPipelineModel(DistributedModel):
             raise ConfigurationError("DistributedPipelineModel needs at least one model")
         self.components = [(m, m.distribution_spec(config.strategy)) for m in models]
         specs = [s for _, s in self.components]
+        if any(s.owned_rows_exact for s in specs):
+            raise ConfigurationError(
+                "a pipeline's components cannot use the receptive-field spec "
+                "(receptive_field_spec): run such a model on its own, or declare adapters"
+            )
         merged = specs[0]
         for s in specs[1:]:
             merged = merged | s

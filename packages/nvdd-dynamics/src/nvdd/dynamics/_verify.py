@@ -18,6 +18,9 @@ message-passing layer to reach past a rank boundary. A model passes once per
 process and spec. ``DomainConfig(verify_model=True)`` checks every model (direct
 forces and shipped models too), ``False`` none.
 
+A receptive-field spec (:func:`nvdd.spec.receptive_field_spec`, the safe path the
+error names) is checked too: it catches a declared layer count that is too small.
+
 A model whose single-process forward raises inside the process group (one that
 refuses to run while a group exists, say) is not checked, with a warning.
 Halo and graph-partition scopes are both checked, each under its own strategy.
@@ -126,17 +129,31 @@ def verify_model(
             stacklevel=3,
         )
         return
+    if not report.passed and spec.owned_rows_exact:
+        errors = ", ".join(f"{k} {v:.3e}" for k, v in report.errors.items())
+        raise ConfigurationError(
+            f"DomainParallel.partition: {type(model).__name__} with the receptive-field spec "
+            f"{spec.name!r} gives different results decomposed over {report.world_size} ranks "
+            f"than on one process (max abs error {errors or 'n/a'}; tolerance "
+            f"{report.tolerance:g}): it reaches further than "
+            f"{spec.options.receptive_field_layers} message-passing layers of the cutoff. "
+            "Declare its real number of layers (receptive_field_spec(layers=L)) or the "
+            "cutoff its layers use (DomainConfig.cutoff).\n" + report.summary()
+        )
     if not report.passed:
         errors = ", ".join(f"{k} {v:.3e}" for k, v in report.errors.items())
         raise ConfigurationError(
             f"DomainParallel.partition: {type(model).__name__} with spec {spec.name!r} gives "
             f"different results decomposed over {report.world_size} ranks than on one process "
             f"(max abs error {errors or 'n/a'}; tolerance {report.tolerance:g}), so its run "
-            "would be silently wrong. A message-passing model must refresh its ghost rows "
-            "between layers: call nvdd.shardtensor.refresh_neighbors on the features each "
-            "layer reads, or declare adapters / a preset in distribution_spec (see 'Bring "
-            "your own model' in the docs); trace_and_validate(model, batch, fix=True) "
-            "suggests a spec. (DomainConfig(verify_model=False) skips this check.)\n"
-            + report.summary()
+            "would be silently wrong. To run the model unmodified, declare the safe path: "
+            "DomainParallel(dyn, config, spec=nvdd.spec.receptive_field_spec(layers=L)) with "
+            "L its message-passing layers (a halo of 2 x L x cutoff; forces exact on owned "
+            "rows, the energy from its 'atom_energies'). Faster, where the model has them: "
+            "refresh its ghost rows between layers (nvdd.shardtensor.refresh_neighbors on "
+            "the features each layer reads) or declare adapters / a preset in "
+            "distribution_spec (see 'Bring your own model' in the docs); "
+            "trace_and_validate(model, batch, fix=True) suggests a spec. "
+            "(DomainConfig(verify_model=False) skips this check.)\n" + report.summary()
         )
     _passed.setdefault(model, set()).add(key)

@@ -22,6 +22,7 @@ from nvdd.spec._presets import (
     SPEC_PME_HALO,
     SPEC_UMA_HALO,
 )
+from nvdd.spec._receptive import receptive_field_spec
 from nvdd.spec._refs import NamedRef
 from nvdd.spec._registry import AdapterRegistry, AdapterStatus
 from nvdd.spec._spec import DistributionSpec, MLIPSpec
@@ -72,4 +73,5 @@ __all__ = [
     "active_patches",
     "distributed_method",
     "neighbor_refresh_adapters",
+    "receptive_field_spec",
 ]

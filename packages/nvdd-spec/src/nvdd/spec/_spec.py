@@ -218,8 +218,22 @@ class MLIPSpec:
         return self.distribution.storage
 
     def ghost_width(self, cutoff: float, skin: float) -> float:
-        """The ghost width this model needs: ``cutoff + skin + extra_ghost_width``."""
-        return cutoff + skin + self.options.extra_ghost_width
+        """The ghost width this model needs: ``cutoff + skin +`` :meth:`extra_reach`."""
+        return cutoff + skin + self.extra_reach(cutoff)
+
+    def extra_reach(self, cutoff: float) -> float:
+        """Angstrom the halo reaches beyond ``cutoff + skin``: ``extra_ghost_width``,
+        plus ``(2 L - 1) cutoff`` under a receptive-field declaration of ``L``
+        layers (:attr:`owned_rows_exact`), so that the halo is ``2 L cutoff + skin``."""
+        layers = self.options.receptive_field_layers
+        extra = self.options.extra_ghost_width
+        return extra + (2 * layers - 1) * cutoff if layers > 0 else extra
+
+    @property
+    def owned_rows_exact(self) -> bool:
+        """Whether this is a receptive-field spec (``options.receptive_field_layers
+        > 0``): the model runs unmodified and only its owned rows are kept."""
+        return self.options.receptive_field_layers > 0
 
     # ---------------------------------------------------------- composition
     def __or__(self, other: MLIPSpec) -> MLIPSpec:

@@ -233,6 +233,15 @@ class StrategyOptions:
         Long-range all-to-all terms (:class:`GlobalCoupling`), read by the
         Ewald / PME models to pick the collective that combines their
         reciprocal term across ranks.
+    receptive_field_layers:
+        ``L > 0`` declares the *receptive-field* safe path (record 0067): the
+        model runs unmodified, as on one process, with ``L`` message-passing
+        layers of the scope's cutoff ``rc``. The runtime then sizes the halo to
+        ``2 L rc + skin`` (plus ``extra_ghost_width``), keeps the model's forces
+        on owned rows only (exact there; ghost rows dropped, nothing folded)
+        and takes the per-system energy as the sum of owned rows'
+        ``atom_energies`` (unavailable when the model returns none). ``0``: not
+        declared. Build such a spec with :func:`nvdd.spec.receptive_field_spec`.
 
     Notes
     -----
@@ -245,6 +254,7 @@ class StrategyOptions:
     scatter: ScatterMode = ScatterMode.NONE
     extra_ghost_width: float = 0.0
     global_coupling: GlobalCoupling = GlobalCoupling.NONE
+    receptive_field_layers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.scatter, ScatterMode):
@@ -258,6 +268,12 @@ class StrategyOptions:
         if not (self.extra_ghost_width >= 0.0):
             raise ConfigurationError(
                 f"StrategyOptions.extra_ghost_width must be >= 0, got {self.extra_ghost_width!r}"
+            )
+        layers = self.receptive_field_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise ConfigurationError(
+                "StrategyOptions.receptive_field_layers must be an int >= 0 (message-passing "
+                f"layers; 0: not declared), got {layers!r}"
             )
 
 
