@@ -580,6 +580,40 @@ def drift(doc: dict[str, Any]) -> str:
     )
 
 
+def receptive_field(doc: dict[str, Any]) -> str:
+    """Refresh adapters against the receptive-field safe path (bench_receptive.py)."""
+    rows = doc["rows"]
+    body = [
+        [
+            r["path"],
+            atoms(r["atoms"]),
+            str(r["world"]),
+            num(r["ghost_width_A"], 2),
+            " / ".join(atoms(n) for n in r["owned_rows"]),
+            " / ".join(atoms(n) for n in r["ghost_rows"]),
+            num(r["ms_per_step"], 1),
+            f"{r['max_abs_dF']:.1e}",
+        ]
+        for r in rows
+    ]
+    head = ["path", "atoms", "ranks", "ghost width (A)", "owned rows", "ghost rows"]
+    head += ["ms / step", "max abs dF vs 1 process (eV/A)"]
+    safe, adapted = pick(rows, path="safe"), pick(rows, path="adapters")
+    gain = ratio(ms(safe), ms(adapted))
+    first = rows[0]
+    return (
+        "## Refresh adapters against the receptive-field safe path\n\n"
+        f"One message-passing model of {first['layers']} layers (cutoff "
+        f"{num(first['cutoff_A'], 1)} A) on the same argon system and CPU ranks: `safe` is\n"
+        "the model written as on one process, run unmodified under `receptive_field_spec`\n"
+        "(a halo of 2 x layers x cutoff + skin, owned-row forces); `adapters` the same layers\n"
+        "with owned receivers and `neighbor_refresh_adapters` under `SPEC_MPNN_HALO` (a halo\n"
+        f"of one cutoff + skin). Steady-state steps ({first['steps']} timed after warm-up); "
+        f"the adapters are **{gain}x** faster here.\n\n"
+        f"{table(head, body, [False] + [True] * 7)}\n\n{source(doc)}\n"
+    )
+
+
 def predicted_scaling(doc: dict[str, Any]) -> str:
     """The P-GPU LJ step predicted from one GPU (benchmarks/predict_scaling.py)."""
     rows = doc["rows"]
@@ -732,6 +766,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("mace-2gpu", "mace-1gpu-cueq"), mace_max_atoms),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
+    (("receptive-field-cpu",), receptive_field),
     (("scaling-predicted-lj",), predicted_scaling),
     (("scaling-predicted-mpnn",), predicted_scaling),
 ]
