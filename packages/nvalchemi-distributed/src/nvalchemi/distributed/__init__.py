@@ -68,6 +68,7 @@ from nvdd.spec import (  # noqa: E402
     StrategyKind,
     distributed_method,
     neighbor_refresh_adapters,
+    receptive_field_spec,
 )
 
 __all__ = [
@@ -117,6 +118,7 @@ __all__ = [
     "init_distributed",
     "localize",
     "neighbor_refresh_adapters",
+    "receptive_field_spec",
     "refresh_neighbors",
     "reshard_by_destination",
     "resolve_cap",
