@@ -10,7 +10,15 @@ import torch
 import nvdd.dynamics
 from nvdd.core import ValidationError
 from nvdd.dynamics._extract import extract_forces
-from nvdd.spec import ForceStrategy
+from nvdd.spec import BaseModelMixin, ForceStrategy, as_model
+
+
+class MyModel(BaseModelMixin):
+    pass
+
+
+class Plain:  # not a BaseModelMixin: completed by as_model, still named by its class
+    pass
 
 
 def _leaf(n: int = 4) -> torch.Tensor:
@@ -22,7 +30,7 @@ def test_the_models_own_forces_are_popped_and_detached(strategy: ForceStrategy) 
     pos = _leaf()
     own = 2.0 * pos  # (still attached to the graph)
     raw = {"forces": own, "energy": (pos**2).sum().reshape(1)}
-    forces = extract_forces(raw, pos, strategy, "Toy")
+    forces = extract_forces(raw, pos, strategy, MyModel())
     assert torch.equal(forces, own.detach()) and not forces.requires_grad
     assert "forces" not in raw and "energy" in raw  # the rest is left to consolidation
 
@@ -30,14 +38,14 @@ def test_the_models_own_forces_are_popped_and_detached(strategy: ForceStrategy) 
 def test_autograd_forces_are_minus_the_energy_gradient() -> None:
     pos = _leaf()
     raw = {"energy": (pos**2).sum(dim=1).reshape(2, 2).sum(dim=1)}  # two systems
-    forces = extract_forces(raw, pos, ForceStrategy.AUTOGRAD, "Toy")
+    forces = extract_forces(raw, pos, ForceStrategy.AUTOGRAD, MyModel())
     assert torch.equal(forces, -2.0 * pos.detach()) and not forces.requires_grad
 
 
 def test_an_energy_that_ignores_the_positions_gives_zero_forces() -> None:
     pos = _leaf()
     raw = {"energy": torch.ones(1, dtype=torch.float64, requires_grad=True)}
-    forces = extract_forces(raw, pos, ForceStrategy.AUTOGRAD, "Toy")
+    forces = extract_forces(raw, pos, ForceStrategy.AUTOGRAD, MyModel())
     assert torch.equal(forces, torch.zeros(4, 3, dtype=torch.float64))
 
 
@@ -52,7 +60,7 @@ def test_missing_forces_raise_naming_the_model_and_what_it_returned(
     strategy: ForceStrategy, raw: dict[str, torch.Tensor]
 ) -> None:
     with pytest.raises(ValidationError) as err:
-        extract_forces(dict(raw), _leaf(), strategy, "MyModel")
+        extract_forces(dict(raw), _leaf(), strategy, MyModel())
     msg = str(err.value)
     assert msg.startswith("MyModel returned neither 'forces' nor a differentiable 'energy'")
     assert str(sorted(raw)) in msg and str(strategy) in msg
@@ -60,8 +68,8 @@ def test_missing_forces_raise_naming_the_model_and_what_it_returned(
 
 def test_forces_without_one_row_per_position_raise_with_both_shapes() -> None:
     raw = {"forces": torch.zeros(3, 3)}
-    with pytest.raises(ValidationError, match=r"MyModel: forces have shape \(3, 3\), .*\(4, 3\)"):
-        extract_forces(raw, _leaf(), ForceStrategy.DIRECT, "MyModel")
+    with pytest.raises(ValidationError, match=r"^Plain: forces have shape \(3, 3\), .*\(4, 3\)"):
+        extract_forces(raw, _leaf(), ForceStrategy.DIRECT, as_model(Plain()))
 
 
 def test_no_other_runtime_module_differentiates_an_energy() -> None:

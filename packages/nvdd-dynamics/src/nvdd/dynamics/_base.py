@@ -16,6 +16,7 @@ import torch
 from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, get_rank
 from nvdd.dynamics._graph_step import StepGraphs
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.spec import ModelContract, as_model
 
 __all__ = [
     "ASE_TIME_PER_FS",
@@ -121,28 +122,29 @@ class ModelForceProvider:
 
     def __init__(self, model: Callable[[Batch], ModelOutputs]) -> None:
         self.model = model
+        # the model's step hooks (a plain callable: the contract's defaults)
+        self.contract: ModelContract = as_model(model)
 
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         return batch, self.model(batch)
 
     def graph_key(self, batch: Batch) -> Hashable | None:
         """The model's ``graph_key(batch)`` (None when it has none)."""
-        key = getattr(self.model, "graph_key", None)
-        return key(batch) if key is not None else None
+        return self.contract.graph_key(batch)
 
     @property
     def splits_step(self) -> bool:
         """Whether the model's captured steps are split at its own decision
         (``begin_step`` / ``take_verdict``, see ``StepGraphs``)."""
-        return bool(getattr(self.model, "splits_step", False))
+        return bool(self.contract.splits_step)
 
     def begin_step(self, batch: Batch) -> None:
         """The model's ``begin_step(batch)`` (queued on the device, unread)."""
-        self.model.begin_step(batch)  # type: ignore[attr-defined]
+        self.contract.begin_step(batch)
 
     def take_verdict(self, batch: Batch) -> bool:
         """The model's ``take_verdict(batch)``: whether the captured rest fits."""
-        return bool(self.model.take_verdict(batch))  # type: ignore[attr-defined]
+        return bool(self.contract.take_verdict(batch))
 
 
 HookRunner = Callable[["BaseDynamics", HookStage, list[Hook]], None]

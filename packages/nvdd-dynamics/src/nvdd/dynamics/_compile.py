@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from nvdd.spec import CompilePolicy, MLIPSpec
+from nvdd.spec import CompilePolicy, MLIPSpec, ModelContract
 
 __all__ = ["CompileMode", "compiled_forward", "compiled_graphs", "use_rank_cache_dir"]
 
@@ -77,7 +77,7 @@ def compiled_graphs() -> int:
 
 
 def compiled_forward(
-    model: Any, spec: MLIPSpec, enabled: bool, rank: int
+    model: ModelContract, spec: MLIPSpec, enabled: bool, rank: int
 ) -> tuple[Any, CompileMode]:
     """The callable a distributed model runs, and how it is compiled.
 
@@ -103,8 +103,7 @@ def compiled_forward(
     if not (enabled or policy.enabled):
         return model, CompileMode.OFF
     use_rank_cache_dir(rank)
-    hook = getattr(model, "compile_forward", None)
-    if hook is not None and hook(policy):
+    if model.compile_forward(policy):
         return model, CompileMode.CORE
     whole = torch.compile(
         model,

@@ -60,7 +60,16 @@ from nvdd.dynamics._step_decision import (
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.partition import ShardedBatch, SpatialPartitioner
 from nvdd.shardtensor import DDContext, dd_scope
-from nvdd.spec import AdapterRegistry, ForceStrategy, MLIPSpec, StrategyKind
+from nvdd.spec import (
+    AdapterRegistry,
+    ForceStrategy,
+    MLIPSpec,
+    ModelContract,
+    StrategyKind,
+    as_model,
+    begins_steps,
+    unwrap_model,
+)
 
 if TYPE_CHECKING:
     from nvdd.partition import IndexShardedBatch
@@ -134,8 +143,8 @@ class DistributedModel:
     Parameters
     ----------
     model:
-        A ``BaseModelMixin`` (``model(batch) -> outputs``, ``cutoff``,
-        ``distribution_spec``).
+        A :class:`~nvdd.spec.ModelContract` (a ``BaseModelMixin``; any other
+        object is completed by :func:`~nvdd.spec.as_model`).
     config:
         The :class:`DomainConfig` of the scope.
     spec:
@@ -170,15 +179,15 @@ class DistributedModel:
     ) -> None:
         if not isinstance(config, DomainConfig):
             raise ConfigurationError(f"config must be a DomainConfig, got {type(config).__name__}")
-        self.model = model
+        self.model: ModelContract = as_model(model)
         self.config = config
-        self.spec = spec if spec is not None else model.distribution_spec(config.strategy)
+        self.spec = spec if spec is not None else self.model.distribution_spec(config.strategy)
         if not isinstance(self.spec, MLIPSpec):
             raise ConfigurationError(
                 f"{type(model).__name__}.distribution_spec returned {self.spec!r}, not an MLIPSpec"
             )
         _check_strategy(type(self), config.strategy, self.spec)
-        cutoff = float(getattr(model, "cutoff", config.cutoff))
+        cutoff = float(self.model.cutoff)
         if cutoff > config.cutoff + 1e-12:
             raise ConfigurationError(
                 f"the model's cutoff {cutoff} exceeds DomainConfig.cutoff={config.cutoff}: ghosts "
@@ -188,7 +197,9 @@ class DistributedModel:
         self.count = count
         self._timer = _Timer(self.stats, sync_timings)
         self._registry = AdapterRegistry(self.spec.adapters())
-        self.forward_fn: Any = model  # compiled (or not) at attach, released at detach
+        self.forward_fn: Any = self.model  # compiled (or not) at attach, released at detach
+        # only a model with its own begin_step may split its steps (read once)
+        self._begins = begins_steps(self.model)
         self._sharded: State | None = None
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
@@ -263,7 +274,7 @@ class DistributedModel:
         **Collective** over the sharded batch's group.
         """
         raise_if_any_rank(
-            _device_problem(self.model, sharded.local_batch.device),
+            _device_problem(unwrap_model(self.model), sharded.local_batch.device),
             sharded.group,
             exc_type=ConfigurationError,
         )
@@ -277,7 +288,12 @@ class DistributedModel:
             )
             self.stats.compile_mode = mode.value
             return
-        check_reach(self.spec, sharded.local_batch, self.ghost_width, type(self.model).__name__)
+        check_reach(
+            self.spec,
+            sharded.local_batch,
+            self.ghost_width,
+            type(unwrap_model(self.model)).__name__,
+        )
         self._registry.install()
         try:
             self.forward_fn, mode = compiled_forward(
@@ -285,9 +301,7 @@ class DistributedModel:
             )
             self.stats.compile_mode = mode.value
             self._rebuild(sharded.local_batch, migrate=False)
-            setup = getattr(self.model, "distributed_setup", None)
-            if setup is not None:
-                setup(self._context(self.plan, None))
+            self.model.distributed_setup(self._context(self.plan, None))
         except BaseException:
             self._release_compiled()
             self._registry.restore()
@@ -313,9 +327,8 @@ class DistributedModel:
             self._whole = False
             return
         try:
-            teardown = getattr(self.model, "distributed_teardown", None)
-            if teardown is not None and self._sharded is not None:
-                teardown()
+            if self._sharded is not None:
+                self.model.distributed_teardown()
         finally:
             self._registry.restore()
             self._sharded = None
@@ -492,11 +505,8 @@ class DistributedModel:
             return None
         if self.stats.compile_mode == CompileMode.WHOLE.value:
             return None  # (the model's own compiled core: captured when it says so)
-        key = getattr(self.model, "graph_key", None)
-        if key is None:
-            return None
         if self._whole:
-            inner = key(batch)
+            inner = self.model.graph_key(batch)
             return None if inner is None else ("whole batch", inner)
         plan, static = self._plan, self._static
         if not self._captures_halo_steps or plan is None or static is None:
@@ -504,7 +514,7 @@ class DistributedModel:
         if self._ref_positions is None or self._stale_partition():
             return None  # (the next call rebuilds)
         with dd_scope(self._context(plan, None)):
-            inner = key(static)
+            inner = self.model.graph_key(static)
         if inner is None:
             return None
         return ("halo", self._version, self._cell_at_build.same(batch.cell), inner)
@@ -516,7 +526,7 @@ class DistributedModel:
         world of one running the whole batch through a model that splits its
         own steps (the MPNN on its device edges)."""
         if self._whole:
-            return bool(getattr(self.model, "splits_step", False))
+            return bool(self.model.splits_step)
         return self._plan is not None
 
     def begin_step(self, batch: Batch) -> None:
@@ -540,20 +550,18 @@ class DistributedModel:
 
         **Collective** (one ghost exchange) when the model splits its steps.
         """
-        begin = getattr(self.model, "begin_step", None)
         plan, static = self._plan, self._static
-        if begin is None or plan is None or static is None or self._stale_partition():
+        if not self._begins or plan is None or static is None or self._stale_partition():
             return None  # (no such model, or the step rebuilds anyway)
         with dd_scope(self._context(plan, None)):  # (the same answer on every rank)
-            if not getattr(self.model, "splits_step", False):
+            if not self.model.splits_step:
                 return None
         padded = self._padded_positions(plan, batch)
         self._head_padded = (self._version, padded)
         padded_batch = static.replace(positions=padded, cell=batch.cell)
         with dd_scope(self._context(plan, padded)):
-            begin(padded_batch)
-        flag = getattr(self.model, "overflow_flag", None)
-        return flag() if flag is not None else None
+            self.model.begin_step(padded_batch)
+        return self.model.overflow_flag()
 
     def take_verdict(self, batch: Batch) -> bool:
         """Read the decision queued by :meth:`begin_step` (one host read): True
@@ -747,7 +755,7 @@ class DistributedModel:
     def _fold_whole(self, st: StepState) -> ModelOutputs:
         """The outputs of one rank running the whole batch: all of them totals."""
         raw = st.raw
-        forces = extract_forces(raw, st.padded, self.spec.force_strategy, type(self.model).__name__)
+        forces = extract_forces(raw, st.padded, self.spec.force_strategy, self.model)
         final: dict[str, Any] = {
             k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()
         }
@@ -778,7 +786,7 @@ class DistributedModel:
     ) -> ModelOutputs:
         plan = self.plan
         spec = spec if spec is not None else self.spec
-        f_padded = extract_forces(raw, padded, spec.force_strategy, type(self.model).__name__)
+        f_padded = extract_forces(raw, padded, spec.force_strategy, self.model)
         if folds_forces(spec):
             forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
         else:  # the spec says owned rows are already exact: ghost rows are dropped
@@ -793,7 +801,7 @@ class DistributedModel:
                 n_owned=plan.n_owned,
                 system_index=self._static.system_index,
                 n_systems=self.sharded.local_batch.n_systems,
-                model_name=type(self.model).__name__,
+                model_name=type(unwrap_model(self.model)).__name__,
             )
         final, partial = consolidate(
             {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()},
@@ -843,7 +851,7 @@ def _check_strategy(cls: type, strategy: StrategyKind, spec: MLIPSpec) -> None:
         )
 
 
-def _device_problem(model: Any, device: torch.device) -> str | None:
+def _device_problem(model: object, device: torch.device) -> str | None:
     """Why ``model`` cannot run on atoms on ``device`` (its tensors live elsewhere)."""
     if not isinstance(model, torch.nn.Module):
         return None

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from nvdd.core import ValidationError
-from nvdd.spec import ForceStrategy
+from nvdd.spec import ForceStrategy, ModelContract, unwrap_model
 
 __all__ = ["extract_forces"]
 
 
 def extract_forces(
-    raw: dict[str, Any], positions: torch.Tensor, strategy: ForceStrategy, model_name: str
+    raw: dict[str, Any], positions: torch.Tensor, strategy: ForceStrategy, model: ModelContract
 ) -> torch.Tensor:
     """Take the forces out of ``raw`` (popped), detached, one row per position.
 
@@ -35,8 +35,8 @@ def extract_forces(
         leaf when ``strategy`` is ``AUTOGRAD``.
     strategy:
         The spec's :class:`~nvdd.spec.ForceStrategy`.
-    model_name:
-        Names the model in errors.
+    model:
+        The model that returned ``raw`` (named in errors).
 
     Returns
     -------
@@ -56,13 +56,17 @@ def extract_forces(
         forces = -grad if grad is not None else torch.zeros_like(positions)
     else:
         raise ValidationError(
-            f"{model_name} returned neither 'forces' nor a differentiable 'energy' "
+            f"{_name(model)} returned neither 'forces' nor a differentiable 'energy' "
             f"(got {sorted(raw)}) under {strategy}"
         )
     if forces.shape != positions.shape:
         raise ValidationError(
-            f"{model_name}: forces have shape {tuple(forces.shape)}, expected one row per "
+            f"{_name(model)}: forces have shape {tuple(forces.shape)}, expected one row per "
             f"position {tuple(positions.shape)}"
         )
     out: torch.Tensor = forces.detach()
     return out
+
+
+def _name(model: ModelContract) -> str:
+    return type(unwrap_model(model)).__name__

@@ -35,7 +35,14 @@ from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._step import StepState
 from nvdd.shardtensor import dd_scope
-from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
+from nvdd.spec import (
+    BaseModelMixin,
+    ForceStrategy,
+    MLIPSpec,
+    ModelContract,
+    StrategyKind,
+    as_model,
+)
 
 __all__ = [
     "DistributedPipelineModel",
@@ -47,10 +54,10 @@ __all__ = [
 
 def pipeline_components(model: Any) -> tuple[Any, ...] | None:
     """The components of a composed model (its ``pipeline_components``), else None."""
-    parts = getattr(model, "pipeline_components", None)
-    if parts is None:
+    declared = as_model(model).pipeline_components
+    if declared is None:
         return None
-    parts = tuple(parts)
+    parts = tuple(declared)
     if not parts:
         raise ConfigurationError(f"{type(model).__name__}.pipeline_components is empty")
     return parts
@@ -125,7 +132,7 @@ class DistributedPipelineModel(DistributedModel):
         parts = pipeline_components(models)
         if parts is not None:
             pipeline, models = models, parts
-        models = list(models)
+        models = [as_model(m) for m in models]
         if not models:
             raise ConfigurationError("DistributedPipelineModel needs at least one model")
         self.components = [(m, m.distribution_spec(config.strategy)) for m in models]
@@ -138,16 +145,14 @@ class DistributedPipelineModel(DistributedModel):
         merged = specs[0]
         for s in specs[1:]:
             merged = merged | s
-        reach = max(
-            float(getattr(m, "cutoff", 0.0)) + s.options.extra_ghost_width
-            for m, s in self.components
-        )
+        reach = max(float(m.cutoff) + s.options.extra_ghost_width for m, s in self.components)
         options = dataclasses.replace(
             merged.options, extra_ghost_width=max(0.0, reach - config.cutoff)
         )
         merged = merged.replace(options=options)
         self.pipeline = pipeline
-        super().__init__(_Components(models, pipeline), config, spec=merged, **kwargs)
+        scope = None if pipeline is None else as_model(pipeline)
+        super().__init__(_Components(models, scope), config, spec=merged, **kwargs)
 
     def forward(self, st: StepState) -> None:
         """Phase 4: every component on the padded rows (each by its own spec);
@@ -171,7 +176,7 @@ class DistributedPipelineModel(DistributedModel):
                 torch.set_grad_enabled(autograd or torch.is_grad_enabled()),
             ):
                 raw = dict(model(batch))
-            f_component = extract_forces(raw, leaf, spec.force_strategy, type(model).__name__)
+            f_component = extract_forces(raw, leaf, spec.force_strategy, model)
             if folds_forces(spec):
                 f_padded = f_padded + f_component
             else:
@@ -204,26 +209,26 @@ class DistributedPipelineModel(DistributedModel):
         return finals  # type: ignore[no-any-return]
 
 
-class _Components:
+class _Components(BaseModelMixin):
     """What :class:`DistributedModel` sees of a pipeline: the largest cutoff, and the
     scope hooks forwarded to the composed model (or to every component)."""
 
-    def __init__(self, models: Sequence[Any], pipeline: Any) -> None:
+    def __init__(self, models: Sequence[ModelContract], pipeline: ModelContract | None) -> None:
         self.models = list(models)
         self.pipeline = pipeline
-        self.cutoff = max(float(getattr(m, "cutoff", 0.0)) for m in self.models)
+        self._cutoff = max(float(m.cutoff) for m in self.models)
+
+    @property
+    def cutoff(self) -> float:
+        return self._cutoff
 
     def distributed_setup(self, ctx: Any) -> None:
         for target in [self.pipeline] if self.pipeline is not None else self.models:
-            setup = getattr(target, "distributed_setup", None)
-            if setup is not None:
-                setup(ctx)
+            target.distributed_setup(ctx)
 
     def distributed_teardown(self) -> None:
         for target in [self.pipeline] if self.pipeline is not None else self.models:
-            teardown = getattr(target, "distributed_teardown", None)
-            if teardown is not None:
-                teardown()
+            target.distributed_teardown()
 
     def __call__(self, batch: Batch) -> ModelOutputs:  # pragma: no cover - never called
         raise RuntimeError("the pipeline runs its components one by one")

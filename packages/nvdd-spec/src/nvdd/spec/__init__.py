@@ -10,7 +10,14 @@ from nvdd.spec._adapters import (
     PythonAdapter,
 )
 from nvdd.spec._decorators import distributed_method, neighbor_refresh_adapters
-from nvdd.spec._model import BaseModelMixin
+from nvdd.spec._model import (
+    MODEL_CONTRACT,
+    BaseModelMixin,
+    ModelContract,
+    as_model,
+    begins_steps,
+    unwrap_model,
+)
 from nvdd.spec._patching import AdapterError, active_patches
 from nvdd.spec._presets import (
     DFTD3_CN_CUTOFF,
@@ -40,6 +47,7 @@ from nvdd.spec._types import (
 
 __all__ = [
     "DFTD3_CN_CUTOFF",
+    "MODEL_CONTRACT",
     "SPEC_DFTD3_HALO",
     "SPEC_EWALD_HALO",
     "SPEC_LJ_HALO",
@@ -60,6 +68,7 @@ __all__ = [
     "JitAdapter",
     "MLIPSpec",
     "MethodAdapter",
+    "ModelContract",
     "NamedRef",
     "OpAdapter",
     "OutputKind",
@@ -71,7 +80,10 @@ __all__ = [
     "StrategyOptions",
     "__version__",
     "active_patches",
+    "as_model",
+    "begins_steps",
     "distributed_method",
     "neighbor_refresh_adapters",
     "receptive_field_spec",
+    "unwrap_model",
 ]
