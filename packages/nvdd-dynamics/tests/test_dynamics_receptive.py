@@ -165,12 +165,35 @@ def _refused(layers: int) -> str:
     return "ran"
 
 
+def _hook_needs_energy() -> str:
+    from nvdd.dynamics import HookStage
+
+    model = PlainMP()  # returns no atom energies: no energy under DD
+    dyn = VelocityVerlet(model, make_gas(n=40, pbc=(False, False, False)), dt_fs=0.5)
+    config = DomainConfig(cutoff=model.cutoff, skin=0.2, verify_model=False)
+    seen: list[float] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with DomainParallel(dyn, config, spec=receptive_field_spec(2)) as dp:
+                dp.partition()
+                dp.register_hook(
+                    HookStage.AFTER_STEP,
+                    lambda ctx: seen.append(float(ctx.batch.energy.sum())),
+                    needs=("energy",),
+                )
+                dp.run(2)
+    except ConfigurationError as exc:
+        return f"{len(seen)} energies seen; {exc}"
+    return "ran"
+
+
 def _refusals() -> list[str]:
-    return [_refused(1), _refused(3000)]
+    return [_refused(1), _refused(3000), _hook_needs_energy()]
 
 
-def test_too_few_layers_and_an_impossible_halo_are_refused_on_every_rank() -> None:
-    for too_few, too_wide in run_ranks(_refusals, 2, timeout_s=240):
+def test_too_few_layers_an_impossible_halo_and_a_missing_energy_are_refused_on_every_rank() -> None:
+    for too_few, too_wide, hooked in run_ranks(_refusals, 2, timeout_s=240):
         # a 2-layer model declared with 1 layer: partition's check catches it
         assert "with the receptive-field spec 'receptive_field(L=1)' gives different" in too_few
         assert "Declare its real number of layers" in too_few
@@ -178,6 +201,10 @@ def test_too_few_layers_and_an_impossible_halo_are_refused_on_every_rank() -> No
         assert "PeriodicPlainMP under 'receptive_field(L=3000)'" in too_wide
         assert "periodic images per axis of system 0" in too_wide
         assert "more than the halo can hold" in too_wide
+        # a hook that needs the energy of a model without atom energies: an error on
+        # every rank before the hook sees a number
+        assert hooked.startswith("0 energies seen; the per-system energy is not available")
+        assert "PlainMP runs unmodified under the receptive-field spec" in hooked
 
 
 def test_the_conformance_kit_accepts_the_safe_path() -> None:
