@@ -54,6 +54,34 @@ class PeriodicPlainMP(PlainMP):
         return out  # type: ignore[return-value]
 
 
+class DiffAtomMP(PeriodicPlainMP):
+    """The same layers, with atom energies differentiable w.r.t. the positions it
+    is given (what the folding variant needs); its own forces only when it made
+    the autograd leaf itself (one process)."""
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        given = batch.positions.requires_grad
+        pos = batch.positions if given else batch.positions.detach().requires_grad_(True)
+        d = pos[None] - pos[:, None]
+        cell, pbc = batch.cell[0], batch.pbc[0]
+        if bool(pbc.any()):
+            frac = d @ torch.linalg.inv(cell)
+            d = (frac - torch.round(frac) * pbc.to(frac.dtype)) @ cell
+        r = torch.linalg.vector_norm(d + torch.eye(len(pos), dtype=pos.dtype)[..., None], dim=-1)
+        w = torch.where(r < self.cutoff, (1 - r / self.cutoff) ** 2, torch.zeros_like(r))
+        w = w * (~torch.eye(len(pos), dtype=torch.bool))
+        h = torch.ones(len(pos), 1, dtype=pos.dtype)
+        for _ in range(2):
+            h = h + w @ h
+        e_atom = h[:, 0] ** 2
+        out = {"energy": e_atom.sum().reshape(1), "atom_energies": e_atom}
+        if not given:
+            (grad,) = torch.autograd.grad(e_atom.sum(), pos)
+            out["forces"] = -grad
+            out["atom_energies"] = e_atom.detach()
+        return out  # type: ignore[return-value]
+
+
 def _cases() -> list[tuple[str, Any, Batch, StrategyKind]]:
     return [
         ("open halo", PlainMP(), make_gas(n=40, pbc=(False, False, False)), HALO),
@@ -66,6 +94,8 @@ def _cases() -> list[tuple[str, Any, Batch, StrategyKind]]:
         ),
         ("open graph", PlainMP(), make_gas(n=40, pbc=(False, False, False), seed=3), GP),
         ("periodic graph", PeriodicPlainMP(True), make_gas(n=40, seed=4), GP),
+        ("fold halo", DiffAtomMP(True), make_gas(n=40, pbc=(True, True, False), seed=6), HALO),
+        ("fold graph", DiffAtomMP(True), make_gas(n=40, seed=7), GP),
     ]
 
 
@@ -97,7 +127,7 @@ def _rank_body(steps: int, picked: list[int], checked: bool) -> list[dict[str, A
         config = DomainConfig(
             cutoff=model.cutoff, skin=0.2, strategy=kind, verify_model=None if checked else False
         )
-        spec = receptive_field_spec(layers=2, strategy=kind)
+        spec = receptive_field_spec(layers=2, strategy=kind, fold=name.startswith("fold"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tiny systems: degenerate partitions
             with DomainParallel(dyn, config, spec=spec) as dp:
@@ -129,7 +159,7 @@ def _rank_body(steps: int, picked: list[int], checked: bool) -> list[dict[str, A
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_plain_model_runs_exact_unmodified_under_the_receptive_field_spec(world: int) -> None:
     steps = 3
-    picked = [0, 1, 2, 3, 4] if world == 2 else [0, 2, 4]  # 3 ranks: open, mixed, graph
+    picked = [0, 1, 2, 3, 4, 5, 6] if world == 2 else [0, 2, 4, 5]  # (3 ranks: fewer)
     got = run_ranks(_rank_body, world, steps, picked, world == 2, timeout_s=240)[0]
     assert [g["name"] for g in got] == [_cases()[i][0] for i in picked]
     for (name, model, batch, _), g in zip([_cases()[i] for i in picked], got, strict=True):
@@ -137,8 +167,9 @@ def test_a_plain_model_runs_exact_unmodified_under_the_receptive_field_spec(worl
         assert float((g["forces"] - ref["forces"]).abs().max()) < 1e-10, name
         assert float((g["last"] - ref["last"]).abs().max()) < 1e-10, name
         assert float(ref["forces"].abs().max()) > 1e-3  # forces that could be wrong
-        # the halo: 2 x layers x cutoff + skin (+ the migration hysteresis)
-        assert g["width"] >= 4 * model.cutoff + 0.2
+        # the halo: 2 x layers x cutoff + skin (+ the migration hysteresis); folding: half
+        wide = 2 if name.startswith("fold") else 4
+        assert wide * model.cutoff + 0.2 <= g["width"] < wide * model.cutoff + 1.0
         if world == 2 and name in ("periodic halo", "open graph"):  # (no atom energies)
             assert g["validated"] == ["forces"], g["validated"]
         if getattr(model, "atom_energies", False):  # energy: the owned atom energies summed
@@ -219,3 +250,26 @@ def test_the_conformance_kit_accepts_the_safe_path() -> None:
     assert report.passed and len(report.cases) == 2
     assert all("energy" not in c.errors and c.errors["forces"] < 1e-10 for c in report.cases)
     assert "energy: compared only where the decomposed run has one" in report.summary()
+
+
+def _fold_without_gradients() -> list[str]:
+    out = []
+    for model in (PlainMP(), PeriodicPlainMP(atom_energies=True)):
+        dyn = VelocityVerlet(model, make_gas(n=40, pbc=(False, False, False)), dt_fs=0.5)
+        config = DomainConfig(cutoff=model.cutoff, skin=0.2)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with DomainParallel(dyn, config, spec=receptive_field_spec(2, fold=True)) as dp:
+                    dp.partition()
+                    dp.run(1)
+            out.append("ran")
+        except Exception as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+def test_the_folding_variant_needs_differentiable_atom_energies() -> None:
+    for no_atoms, detached in run_ranks(_fold_without_gradients, 2, timeout_s=240):
+        assert "PlainMP under receptive_field_spec(..., fold=True) must return" in no_atoms
+        assert "are not differentiable w.r.t. the positions" in detached

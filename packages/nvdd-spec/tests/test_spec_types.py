@@ -318,6 +318,12 @@ def test_the_receptive_field_spec_declares_a_halo_of_2_layers_cutoffs_and_owned_
     gp = receptive_field_spec(3, "graph_partition", extra_ghost_width=0.5)
     assert gp.strategy is StrategyKind.GRAPH_PARTITION
     assert gp.ghost_width(cutoff=1.0, skin=0.0) == pytest.approx(6.5)
+    folding = receptive_field_spec(2, fold=True)  # the narrower variant: L cutoffs
+    assert folding.name == "receptive_field(L=2, fold)" and folding.owned_rows_exact
+    assert folding.ghost_width(cutoff=2.5, skin=0.2) == pytest.approx(2 * 2.5 + 0.2)
+    assert folding.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+    with pytest.raises(ConfigurationError, match="receptive_field_fold needs"):
+        StrategyOptions(receptive_field_fold=True)
     assert not SPEC_MPNN_HALO.owned_rows_exact  # the presets keep one cutoff
     assert SPEC_MPNN_HALO.ghost_width(cutoff=2.5, skin=0.2) == pytest.approx(2.7)
     for bad in (0, -1, 1.5, True):

@@ -51,10 +51,11 @@ def folds_forces(spec: MLIPSpec) -> bool:
     ghost rows' share always belongs to their owners; direct forces follow the
     ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
     exact, ghost rows are dropped). Under a receptive-field spec
-    (``spec.owned_rows_exact``) the owned rows are exact either way: no fold.
+    (``spec.owned_rows_exact``) the owned rows are exact either way: no fold,
+    except in its folding variant (``options.receptive_field_fold``).
     """
-    if spec.owned_rows_exact:
-        return False
+    if spec.owned_rows_exact:  # (its folding variant: the owned energies' gradient)
+        return spec.options.receptive_field_fold
     if spec.force_strategy is ForceStrategy.AUTOGRAD:
         return True
     return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE

@@ -48,7 +48,7 @@ from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._finite import LazyFiniteCheck, nonfinite_flag
-from nvdd.dynamics._receptive import check_reach, owned_row_outputs
+from nvdd.dynamics._receptive import check_reach, owned_energy_forces, owned_row_outputs
 from nvdd.dynamics._step import StepState, compute_forces
 from nvdd.dynamics._step_decision import (
     MODEL_GROWS,
@@ -786,6 +786,8 @@ class DistributedModel:
     ) -> ModelOutputs:
         plan = self.plan
         spec = spec if spec is not None else self.spec
+        if spec.options.receptive_field_fold:  # forces: -d(owned atom energies)/d rows
+            owned_energy_forces(raw, padded, plan.n_owned, self.model)
         f_padded = extract_forces(raw, padded, spec.force_strategy, self.model)
         if folds_forces(spec):
             forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])

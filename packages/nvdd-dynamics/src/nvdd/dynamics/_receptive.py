@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from nvdd.core import ConfigurationError
+from nvdd.core import ConfigurationError, ValidationError
 from nvdd.spec import MLIPSpec
 
-__all__ = ["check_reach", "owned_row_outputs"]
+__all__ = ["check_reach", "owned_energy_forces", "owned_row_outputs"]
 
 _PER_SYSTEM = ("energy", "stress", "virial")
 
@@ -68,6 +68,36 @@ def owned_row_outputs(
     return out, unavailable
 
 
+def owned_energy_forces(
+    raw: dict[str, Any], padded: torch.Tensor, n_owned: int, model: Any
+) -> None:
+    """The folding variant's forces: ``raw["forces"] = -d(sum of owned rows'
+    atom_energies)/d padded`` on every padded row (the model's own forces, exact
+    on no row of a one-``L rc`` halo, are replaced). Local; the caller folds.
+
+    Raises :class:`~nvdd.core.ValidationError` naming the model when its
+    ``atom_energies`` are missing or not differentiable w.r.t. ``padded``.
+    """
+    name = type(model).__name__
+    atom = raw.get("atom_energies")
+    if not isinstance(atom, torch.Tensor) or atom.shape[:1] != padded.shape[:1]:
+        raise ValidationError(
+            f"{name} under receptive_field_spec(..., fold=True) must return 'atom_energies' "
+            f"with one row per position it is given (got {sorted(raw)}); without them use "
+            "receptive_field_spec(layers) (fold=False)"
+        )
+    owned = atom[:n_owned].sum()
+    if not owned.requires_grad:
+        raise ValidationError(
+            f"{name} under receptive_field_spec(..., fold=True): its 'atom_energies' are not "
+            "differentiable w.r.t. the positions it is given (detached, or computed from a "
+            "copy of them); use receptive_field_spec(layers) (fold=False), which needs no "
+            "gradient of them"
+        )
+    (grad,) = torch.autograd.grad(owned, padded, allow_unused=True)
+    raw["forces"] = -grad if grad is not None else torch.zeros_like(padded)
+
+
 #: Periodic images per axis and ghost rows the halo can hold (nvdd.halo's limits).
 _MAX_IMAGE_SPAN = 1 << 16
 _MAX_ROWS = (1 << 31) - 1
@@ -83,6 +113,7 @@ def check_reach(spec: MLIPSpec, batch: Any, ghost_width: float, model_name: str)
     """
     if not spec.owned_rows_exact:
         return
+    reach = 1 if spec.options.receptive_field_fold else 2
     cell = batch.cell.detach().to("cpu", torch.float64)
     pbc = batch.pbc.detach().to("cpu")
     for s in range(int(cell.shape[0])):
@@ -98,8 +129,8 @@ def check_reach(spec: MLIPSpec, batch: Any, ghost_width: float, model_name: str)
             widths = ", ".join(f"{float(x):.4g}" for x in spacing)
             raise ConfigurationError(
                 f"{model_name} under {spec.name!r}: the receptive-field halo is "
-                f"{ghost_width:.6g} Angstrom (2 x {spec.options.receptive_field_layers} layers "
-                f"x cutoff + skin), which needs {images} periodic images per axis of system {s} "
+                f"{ghost_width:.6g} Angstrom ({reach} x {spec.options.receptive_field_layers} "
+                f"layers x cutoff + skin), which needs {images} periodic images per axis of system {s} "
                 f"(lattice-plane spacings {widths} Angstrom): more than the halo can hold. Use a "
                 "larger periodic cell, check the declared layers, or declare adapters / "
                 "refresh_neighbors so the halo is one cutoff wide"

@@ -12,6 +12,13 @@ and dropped. The per-system energy is exact only as the sum of owned atoms'
 ``atom_energies``; a model that returns none has no per-system energy under
 DD (asking for it is an error naming the model, never a wrong number).
 
+With ``fold=True`` (the narrower variant) the halo is ``L rc + skin``: the owned
+atoms' energies are exact there, and the runtime differentiates their sum with
+respect to every padded row and folds the ghost rows' gradients into their
+owners. It needs a model that returns ``atom_energies`` differentiable with
+respect to the positions it is given (not detached, no forces of its own that
+consumed the graph).
+
 It costs a wider halo (``2 L rc`` instead of ``rc``) and the model's work on it;
 adapters (``refresh_neighbors``, a preset) are the faster option where the
 model has them (docs/decisions/0067-receptive-field-halo.md gives the measured
@@ -42,6 +49,7 @@ def receptive_field_spec(
     *,
     sharded_fields: Sequence[str] = ("positions", "atomic_numbers"),
     extra_ghost_width: float = 0.0,
+    fold: bool = False,
 ) -> MLIPSpec:
     """The safe path for a model of ``layers`` message-passing layers, unmodified.
 
@@ -68,12 +76,17 @@ def receptive_field_spec(
         Per-atom batch fields the model reads at neighbours (exchanged to ghost rows).
     extra_ghost_width:
         Angstrom added to the halo on top of ``2 L cutoff + skin``.
+    fold:
+        The narrower variant: a halo of ``L cutoff + skin``, forces ``-d/dx`` of
+        the owned rows' ``atom_energies`` (the model must return them
+        differentiable w.r.t. its input positions; its own ``forces`` are
+        ignored), ghost rows folded into their owners.
 
     Returns
     -------
     MLIPSpec
-        Named ``receptive_field(L=<layers>)``: forces and ``atom_energies``
-        kept on owned rows (``OWNED_ONLY``), ``energy`` the per-system sum of
+        Named ``receptive_field(L=<layers>)`` (``..., fold)``): forces (folded
+        under ``fold``) and ``atom_energies`` kept on owned rows, ``energy`` the per-system sum of
         owned ``atom_energies`` (summed over ranks on demand), autograd force
         strategy, ``StrategyOptions(receptive_field_layers=layers)``.
     """
@@ -82,12 +95,15 @@ def receptive_field_spec(
             f"receptive_field_spec: layers must be an int >= 1 (message-passing layers), "
             f"got {layers!r}"
         )
+    if not isinstance(fold, bool):
+        raise ConfigurationError(f"receptive_field_spec: fold must be a bool, got {fold!r}")
     kind = StrategyKind(strategy)
     owned = OutputSpec(OutputKind.PER_NODE, Reduce.OWNED_ONLY)
+    folded = OutputSpec(OutputKind.PER_NODE, Reduce.ALL_REDUCE)
     return MLIPSpec(
-        name=f"receptive_field(L={layers})",
+        name=f"receptive_field(L={layers}{', fold' if fold else ''})",
         outputs={
-            "forces": owned,
+            "forces": folded if fold else owned,
             "atom_energies": owned,
             # not the model's own "energy" (a sum over ghost rows too): the
             # runtime's per-system sum of owned atom energies, a partial per rank
@@ -96,6 +112,8 @@ def receptive_field_spec(
         distribution=DistributionSpec(storage=kind, sharded_fields=tuple(sharded_fields)),
         force_strategy=ForceStrategy.AUTOGRAD,
         options=StrategyOptions(
-            receptive_field_layers=layers, extra_ghost_width=float(extra_ghost_width)
+            receptive_field_layers=layers,
+            receptive_field_fold=fold,
+            extra_ghost_width=float(extra_ghost_width),
         ),
     )

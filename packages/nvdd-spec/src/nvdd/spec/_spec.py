@@ -224,10 +224,15 @@ class MLIPSpec:
     def extra_reach(self, cutoff: float) -> float:
         """Angstrom the halo reaches beyond ``cutoff + skin``: ``extra_ghost_width``,
         plus ``(2 L - 1) cutoff`` under a receptive-field declaration of ``L``
-        layers (:attr:`owned_rows_exact`), so that the halo is ``2 L cutoff + skin``."""
+        layers (:attr:`owned_rows_exact`), so that the halo is ``2 L cutoff + skin``
+        (``(L - 1) cutoff``, a halo of ``L cutoff + skin``, for its folding variant,
+        ``options.receptive_field_fold``)."""
         layers = self.options.receptive_field_layers
         extra = self.options.extra_ghost_width
-        return extra + (2 * layers - 1) * cutoff if layers > 0 else extra
+        if layers == 0:
+            return extra
+        reach = layers if self.options.receptive_field_fold else 2 * layers
+        return extra + (reach - 1) * cutoff
 
     @property
     def owned_rows_exact(self) -> bool:

@@ -242,6 +242,12 @@ class StrategyOptions:
         and takes the per-system energy as the sum of owned rows'
         ``atom_energies`` (unavailable when the model returns none). ``0``: not
         declared. Build such a spec with :func:`nvdd.spec.receptive_field_spec`.
+    receptive_field_fold:
+        The narrower receptive-field variant (with ``receptive_field_layers``):
+        a halo of ``L rc + skin``; forces are ``-d/dx`` of the owned rows'
+        ``atom_energies`` (which the model must return differentiable w.r.t. the
+        positions it is given) on every padded row, ghost rows folded into
+        their owners.
 
     Notes
     -----
@@ -255,6 +261,7 @@ class StrategyOptions:
     extra_ghost_width: float = 0.0
     global_coupling: GlobalCoupling = GlobalCoupling.NONE
     receptive_field_layers: int = 0
+    receptive_field_fold: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.scatter, ScatterMode):
@@ -274,6 +281,15 @@ class StrategyOptions:
             raise ConfigurationError(
                 "StrategyOptions.receptive_field_layers must be an int >= 0 (message-passing "
                 f"layers; 0: not declared), got {layers!r}"
+            )
+        if not isinstance(self.receptive_field_fold, bool):
+            raise ConfigurationError(
+                "StrategyOptions.receptive_field_fold must be a bool, got "
+                f"{self.receptive_field_fold!r}"
+            )
+        if self.receptive_field_fold and layers == 0:
+            raise ConfigurationError(
+                "StrategyOptions.receptive_field_fold needs receptive_field_layers > 0"
             )
 
 
