@@ -118,3 +118,24 @@ def test_compiled_forward_equals_one_rank(model: str, strategy: str, world: int)
     assert_close_by_id(
         got["ids"], got["forces"], ref.atom_ids, ref.forces, atol=1e-10, what="forces"
     )
+
+
+@pytest.mark.parametrize("strategy", ["halo", "graph_partition"])
+def test_mace_with_compile_is_refused_when_the_distributed_model_is_built(strategy: str) -> None:
+    """Compiled whole, MACE fails inside e3nn on every rank after about 100 s
+    (issue 37): the distributed model refuses it when built, in-process (no
+    process group, no compile), naming the model, why and what to do instead."""
+    from nvdd.core import ConfigurationError
+    from nvdd.dynamics import DistributedModel, GraphPartitionModel
+
+    model, cutoff = model_for("mace")
+    kind = StrategyKind(strategy)
+    built = GraphPartitionModel if kind is StrategyKind.GRAPH_PARTITION else DistributedModel
+    with pytest.raises(ConfigurationError) as err:
+        built(model, DomainConfig(cutoff=cutoff, skin=0.5, strategy=kind, compile=True))
+    text = str(err.value)
+    assert text.startswith("MACEModel cannot run with DomainConfig(compile=True): ")
+    assert "Dynamo fails inside e3nn" in text and "Irreps.__len__" in text
+    assert "Run it eager: DomainConfig(compile=False)" in text
+    eager = built(model, DomainConfig(cutoff=cutoff, skin=0.5, strategy=kind))
+    assert eager.forward_fn is model

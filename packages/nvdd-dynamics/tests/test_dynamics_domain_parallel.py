@@ -269,6 +269,35 @@ def test_compile_true_runs_a_compiled_forward_with_the_same_result() -> None:
     )
 
 
+class _Uncompilable(SoftPair):
+    compile_unsupported = "Dynamo fails inside its kernels (a stand-in)"
+
+
+def test_a_model_that_declares_compile_unsupported_is_refused_when_built() -> None:
+    """At construction, with no process group (so before any collective) and
+    before any compile: by ``DomainConfig(compile=True)`` or an enabled policy;
+    eager it is accepted, and a model that declares nothing compiles as before."""
+    from nvdd.dynamics import DistributedModel
+    from nvdd.spec import CompilePolicy, MLIPSpec
+
+    assert not dist.is_initialized()
+    model = _Uncompilable()
+    config = DomainConfig(cutoff=2.5, skin=0.4, compile=True)
+    with pytest.raises(ConfigurationError) as err:
+        DistributedModel(model, config)
+    text = str(err.value)
+    assert "_Uncompilable cannot run with DomainConfig(compile=True)" in text
+    assert "Dynamo fails inside its kernels (a stand-in)" in text
+    assert "Run it eager: DomainConfig(compile=False)" in text
+    policy = model.distribution_spec() | MLIPSpec(compile=CompilePolicy(enabled=True))
+    with pytest.raises(ConfigurationError, match="with an enabled CompilePolicy in its spec"):
+        DistributedModel(model, DomainConfig(cutoff=2.5, skin=0.4), spec=policy)
+    eager = DistributedModel(model, DomainConfig(cutoff=2.5, skin=0.4))
+    assert eager.forward_fn is model
+    assert SoftPair().compile_unsupported is None  # the contract's default
+    assert DistributedModel(SoftPair(), config).forward_fn is not None
+
+
 def _one_rank(halo: bool) -> dict:
     batch = make_gas(n=40)
     dyn = VelocityVerlet(SoftPair(), batch, dt_fs=2.0)

@@ -42,6 +42,7 @@ def test_the_mixins_defaults_keep_a_model_out_of_every_optional_path() -> None:
     assert model.overflow_flag() is None
     assert model.take_verdict(batch) is True
     assert model.compile_forward(None) is False
+    assert model.compile_unsupported is None
     assert model.pipeline_components is None
     assert begins_steps(model) is False
     with pytest.raises(ConfigurationError, match="declares no distribution spec"):
@@ -93,6 +94,9 @@ def test_as_model_completes_another_object_with_its_own_members_first() -> None:
     assert model.splits_step is False and begins_steps(model) is False
     assert model.take_verdict("b") is True and model.overflow_flag() is None
     assert model.pipeline_components is None and model.compile_forward(None) is False
+    assert model.compile_unsupported is None
+    obj.compile_unsupported = "Dynamo fails in its kernels"  # (its own, when it has one)
+    assert as_model(obj).compile_unsupported == "Dynamo fails in its kernels"
 
 
 def test_a_completed_plain_callable_without_cutoff_or_spec_says_what_it_lacks() -> None:

@@ -14,7 +14,9 @@ Two ways a model is compiled (:func:`compiled_forward`):
 
 Compiled graphs are counted with ``torch._dynamo``'s own counter, per forward
 call (:func:`compiled_graphs`), and every rank compiles into its own cache
-directory (:func:`use_rank_cache_dir`).
+directory (:func:`use_rank_cache_dir`). A model that declares it cannot be
+compiled (``compile_unsupported``, e.g. ``MACEModel``) is refused when the
+distributed model is built (:func:`check_compilable`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from typing import Any
 
 import torch
 
-from nvdd.spec import CompilePolicy, MLIPSpec, ModelContract
+from nvdd.core import ConfigurationError
+from nvdd.spec import CompilePolicy, MLIPSpec, ModelContract, unwrap_model
 
-__all__ = ["CompileMode", "compiled_forward", "compiled_graphs", "use_rank_cache_dir"]
+__all__ = [
+    "CompileMode",
+    "check_compilable",
+    "compiled_forward",
+    "compiled_graphs",
+    "use_rank_cache_dir",
+]
 
 _CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -74,6 +83,41 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def check_compilable(model: ModelContract, spec: MLIPSpec, enabled: bool) -> None:
+    """Refuse a compiled forward for a model that declares it cannot be compiled.
+
+    Local (no collective, no compile): every rank builds the same model and
+    configuration, so every rank raises.
+
+    Parameters
+    ----------
+    model:
+        The model; its ``compile_unsupported`` (see
+        :class:`~nvdd.spec.BaseModelMixin`) says why it cannot be compiled, or
+        is None.
+    spec:
+        Its spec (``spec.compile.enabled`` asks for a compiled forward too).
+    enabled:
+        ``DomainConfig.compile``.
+
+    Raises
+    ------
+    ConfigurationError
+        A compiled forward is asked for and ``compile_unsupported`` is set: the
+        message names the model, the reason and the alternative (run eager).
+    """
+    if not (enabled or spec.compile.enabled):
+        return
+    reason = model.compile_unsupported
+    if reason is None:
+        return
+    asked = "DomainConfig(compile=True)" if enabled else "an enabled CompilePolicy in its spec"
+    raise ConfigurationError(
+        f"{type(unwrap_model(model)).__name__} cannot run with {asked}: {reason}. Run it eager: "
+        "DomainConfig(compile=False) and a spec whose CompilePolicy is not enabled"
+    )
 
 
 def compiled_forward(

@@ -43,7 +43,7 @@ from nvdd.core import (
     raise_if_any_rank,
     skin_exceeded,
 )
-from nvdd.dynamics._compile import CompileMode, compiled_forward, compiled_graphs
+from nvdd.dynamics._compile import CompileMode, check_compilable, compiled_forward, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
 from nvdd.dynamics._extract import extract_forces
@@ -187,6 +187,7 @@ class DistributedModel:
                 f"{type(model).__name__}.distribution_spec returned {self.spec!r}, not an MLIPSpec"
             )
         _check_strategy(type(self), config.strategy, self.spec)
+        check_compilable(self.model, self.spec, config.compile)
         cutoff = float(self.model.cutoff)
         if cutoff > config.cutoff + 1e-12:
             raise ConfigurationError(

@@ -157,6 +157,15 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         Whether the cuEquivariance conversion was applied.
     """
 
+    #: ``torch.compile`` is refused at configuration time (see
+    #: ``BaseModelMixin.compile_unsupported``): compiled whole, MACE failed on
+    #: every rank after about 100 s of tracing.
+    compile_unsupported = (
+        "torch.compile's Dynamo fails inside e3nn, which MACE is built from "
+        "(InternalTorchDynamoError on e3nn's Irreps.__len__ with mace-torch 0.3.16 "
+        "and e3nn 0.4.4)"
+    )
+
     def __init__(
         self,
         mace: torch.nn.Module,

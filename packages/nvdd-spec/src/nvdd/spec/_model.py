@@ -58,6 +58,11 @@ class ModelContract(Protocol):
         """Opt in to compiling its own core (``None``: opt out)."""
         ...
 
+    @property
+    def compile_unsupported(self) -> str | None:
+        """Why the model cannot run under ``torch.compile`` (None: it can)."""
+        ...
+
     def graph_key(self, batch: Batch) -> Hashable | None:
         """A token for a CUDA-graph capture of the forward (None: never)."""
         ...
@@ -100,6 +105,7 @@ MODEL_CONTRACT = frozenset(
         "__call__",
         "distribution_spec",
         "compile_forward",
+        "compile_unsupported",
         "graph_key",
         "splits_step",
         "begin_step",
@@ -168,6 +174,18 @@ class BaseModelMixin:
         graph breaks at whatever Dynamo cannot trace).
         """
         return False
+
+    @property
+    def compile_unsupported(self) -> str | None:
+        """Why this model cannot run under ``torch.compile`` (None, the default: it can).
+
+        A model that says why (a class attribute is enough) is refused when a
+        distributed model is built with ``DomainConfig(compile=True)`` or an
+        enabled :class:`CompilePolicy`: ``ConfigurationError`` naming the model
+        and this reason, on every rank, before any collective or compile,
+        instead of a failure inside Dynamo at the first step.
+        """
+        return None
 
     def graph_key(self, batch: Batch) -> Hashable | None:
         """Whether :meth:`forward` on ``batch`` may be captured in a CUDA graph.
@@ -291,6 +309,11 @@ class _Completed(BaseModelMixin):
     def compile_forward(self, policy: CompilePolicy | None) -> bool:
         own = self._own("compile_forward")
         return False if own is None else bool(own(policy))
+
+    @property
+    def compile_unsupported(self) -> str | None:
+        own = self._own("compile_unsupported")
+        return None if own is None else str(own)
 
     def graph_key(self, batch: Batch) -> Hashable | None:
         own = self._own("graph_key")
