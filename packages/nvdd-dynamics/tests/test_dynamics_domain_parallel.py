@@ -432,13 +432,14 @@ def test_a_rebalance_rebuilds_the_plan_even_when_no_atom_moved() -> None:
 
 
 def _hook_raises_every_way() -> dict:
-    return {where: _hook_raises(where) for where in ("every", "one")}
+    return {where: _hook_raises(where) for where in ("every", "one", "local")}
 
 
 def _hook_raises(where: str) -> dict:
     """A hook raises at step 3 on every rank (before the forces: mid-step) or on
-    rank 1 only (after the step, a hook with needs); then the save-on-error
-    pattern gathers. Rank 0 alone has a progress hook (LOCAL, no needs)."""
+    rank 1 only (after the step: a hook with needs, or a plain LOCAL hook every
+    rank registered); then the save-on-error pattern gathers. Rank 0 alone has a
+    progress hook (LOCAL, no needs), registered before the failing one."""
     dyn = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
     stage = HookStage.BEFORE_COMPUTE if where == "every" else HookStage.AFTER_STEP
     later: list[int] = []
@@ -451,7 +452,7 @@ def _hook_raises(where: str) -> dict:
         dp.partition()
         if dp.rank == 0:
             dp.register_hook(HookStage.AFTER_STEP, lambda c: None)  # not agreed on
-        dp.register_hook(stage, full_disk, needs=[] if where == "every" else ["energy"])
+        dp.register_hook(stage, full_disk, needs=["energy"] if where == "one" else [])
         dp.register_hook(stage, lambda c: later.append(c.step), scope=HookScope.RANK_ZERO)
         try:
             dp.run(6)
@@ -471,7 +472,7 @@ def test_after_a_hook_raised_every_rank_stops_there_and_gather_works() -> None:
     collective, so `except: dp.gather(0)` hung until the watchdog; one raising
     before the forces left gather returning forces of the previous positions."""
     ranks = run_ranks(_hook_raises_every_way, 2, timeout_s=120)
-    for where in ("every", "one"):
+    for where in ("every", "one", "local"):
         got = [r[where] for r in ranks]
         assert [g["steps"] for g in got] == [3, 3]
         assert max(got[0]["later"]) < 3  # the hook after the failing one ran on no rank
@@ -480,14 +481,16 @@ def test_after_a_hook_raised_every_rank_stops_there_and_gather_works() -> None:
         assert g["error"] == f"OSError: disk full on rank {rank}"
     # mid-step: the gathered forces belong to the gathered positions
     torch.testing.assert_close(got[0]["forces"], got[0]["forces_here"], rtol=0, atol=1e-12)
-    got = [r["one"] for r in ranks]
-    assert got[1]["error"] == "OSError: disk full on rank 1"
-    assert got[0]["error"].startswith("CommunicationError: rank 0: stopped at step 3 (after_step")
-    assert "rank 1: OSError: disk full on rank 1" in got[0]["error"]
     ref = VelocityVerlet(SoftPair(), make_gas(n=40), dt_fs=0.5)
     ref.run(3)
     b = ref.batch
-    assert_close_by_id(got[0]["ids"], got[0]["forces"], b.atom_ids, b.forces, atol=1e-10)
     order = b.atom_ids.argsort()
-    diff = _wrapped_diff(got[0]["pos"], b.positions[order], b.cell[0], b.pbc[0])
-    assert float(diff.abs().max()) < 1e-10
+    for where in ("one", "local"):  # raised on rank 1 only
+        got = [r[where] for r in ranks]
+        assert got[1]["error"] == "OSError: disk full on rank 1"
+        head = "CommunicationError: rank 0: stopped at step 3 (after_step"
+        assert got[0]["error"].startswith(head), where
+        assert "rank 1: OSError: disk full on rank 1" in got[0]["error"]
+        assert_close_by_id(got[0]["ids"], got[0]["forces"], b.atom_ids, b.forces, atol=1e-10)
+        diff = _wrapped_diff(got[0]["pos"], b.positions[order], b.cell[0], b.pbc[0])
+        assert float(diff.abs().max()) < 1e-10

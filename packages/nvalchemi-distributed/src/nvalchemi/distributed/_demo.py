@@ -311,9 +311,14 @@ class _Hooks:
             f"{row['ms_per_step']:9.1f}",
         )
 
-    def checkpoint(self, ctx: Any) -> None:
-        step = self.offset + ctx.step
-        if step % self.run.args.checkpoint_every == 0:
+    def checkpoint(self, step: int) -> None:
+        """The checkpoint of the global ``step`` when one is due. **Collective**.
+
+        Called between ``dp.run`` segments, not as a hook: a hook every rank
+        registers is agreed on after each due step (one all-reduce), which an
+        every-step hook would pay at every step."""
+        every = self.run.args.checkpoint_every
+        if every > 0 and step % every == 0:
             # the outputs of this step first: a checkpoint never gets ahead of the
             # files a restart from it keeps (up to its step)
             self.record(step)
@@ -365,23 +370,26 @@ def _run_phase(
         hooks = _Hooks(run, dp, phase, offset)
         if run.restart is not None and run.rank == 0:
             dp.register_hook(HookStage.AFTER_STEP, run.start_logs)
-        if args.checkpoint_every > 0:
-            dp.register_hook(HookStage.AFTER_STEP, hooks.checkpoint)
         if run.bar is not None:
             dp.register_hook(HookStage.AFTER_STEP, lambda ctx: run.bar.update(1))
-        # Run from one due output step to the next: rows and frames fall on
-        # global steps (0, every interval of the whole run, the last step),
-        # whatever the phase lengths.
+        # Run from one due output step to the next: rows, frames and checkpoints
+        # fall on global steps (0, every interval of the whole run, the last
+        # step; checkpoints every interval), whatever the phase lengths.
         step, end = offset + dyn.step_count, offset + n_steps
         if step == 0 or (run.restart is not None and run.restart["phase"] == phase):
             hooks.record(step)
         while step < end:
-            due = min(next_due(step, args.thermo_every, end), next_due(step, args.traj_every, end))
+            due = min(
+                next_due(step, args.thermo_every, end),
+                next_due(step, args.traj_every, end),
+                next_due(step, args.checkpoint_every, end),
+            )
             dp.run(due - step)
             if offset + dyn.step_count == step:  # converged (a minimiser): no more steps
                 break
             step = offset + dyn.step_count
             hooks.record(step)
+            hooks.checkpoint(step)
         final = dp.gather(0)
     return final, dp
 

@@ -157,6 +157,10 @@ class DomainParallel:
         )
         self.watchdog = Watchdog(watchdog_s, group=self.group)
         self._sharded: ShardedBatch | IndexShardedBatch | None = None
+        #: LOCAL hooks without ``needs`` that every rank registered (by id; the
+        #: hook kept beside it), settled by :meth:`_settle_local_hooks`; None
+        #: until the first ``step`` / ``run``.
+        self._agreed_local: dict[int, Hook] | None = None
         self._single: tuple[Any, Reducer, Any] = (
             dynamics.force_provider,
             dynamics.reducer,
@@ -309,15 +313,17 @@ class DomainParallel:
         So a hook registered after another sees its effects (e.g. a checkpoint
         written after the frame of the same step).
 
-        A hook every rank registers by contract (GLOBAL and RANK_ZERO hooks, and
-        hooks with ``needs``: the runner gathers or reduces for them) is agreed
-        on: after it the ranks learn whether it raised anywhere (one all-reduce
-        of a flag), and if it did, every rank raises at this stage of this step
-        (the failing ranks their own exception, the others a
+        A hook every rank registers is agreed on: GLOBAL and RANK_ZERO hooks and
+        hooks with ``needs`` (every rank registers them by contract: the runner
+        gathers or reduces for them), and LOCAL hooks found on every rank when
+        the ranks last compared their hook lists (:meth:`_settle_local_hooks`).
+        After an agreed hook the ranks learn whether it raised anywhere (one
+        all-reduce of a flag), and if it did, every rank raises at this stage of
+        this step (the failing ranks their own exception, the others a
         ``CommunicationError`` naming them), so :meth:`gather` works after it
-        (the save-on-error pattern). A LOCAL hook without ``needs`` may be
-        registered on some ranks only (a progress bar on rank 0): it raises
-        where it failed, at once, as in one process.
+        (the save-on-error pattern). A LOCAL hook registered on some ranks only
+        (a progress bar on rank 0) raises where it failed, at once, as in one
+        process.
         """
         needs = sorted(set().union(*(h.needs for h in hooks)))
         if needs:
@@ -325,8 +331,9 @@ class DomainParallel:
         whole: Batch | None = None
         gathered: Batch | None = None
         gathered_done = False
+        local = self._agreed_local or {}
         for h in hooks:
-            agreed = h.scope is not HookScope.LOCAL or bool(h.needs)
+            agreed = h.scope is not HookScope.LOCAL or bool(h.needs) or local.get(id(h)) is h
             failure: Exception | None = None
             try:
                 if h.scope is HookScope.LOCAL:
@@ -347,6 +354,33 @@ class DomainParallel:
                 failure = exc  # agreed on below, then raised on every rank
             if agreed:
                 self._agree_on_hook(dyn, stage, h, failure)
+
+    def _settle_local_hooks(self) -> None:
+        """Find the LOCAL hooks without ``needs`` that every rank registered, so
+        that a failure in one is agreed on (see :meth:`_run_hooks`).
+
+        **Collective** (one all-gather of each rank's hook keys; none in a world
+        of one). A hook's key is its stage, interval, function name and its
+        place among this rank's hooks of the same three: ranks that register
+        the same hooks in the same order find all of them on every rank; a hook
+        only some ranks registered is not agreed on (it never enters a
+        collective, so it cannot leave a rank waiting in one).
+        """
+        if self.world_size == 1:
+            self._agreed_local = {}
+            return
+        mine: dict[tuple[str, int, str, int], Hook] = {}
+        seen: dict[tuple[str, int, str], int] = {}
+        for h in self.dynamics.hooks:
+            if h.scope is not HookScope.LOCAL or h.needs:
+                continue
+            name = getattr(h.fn, "__qualname__", None) or type(h.fn).__qualname__
+            base = (h.stage.value, h.every, name)
+            seen[base] = seen.get(base, -1) + 1
+            mine[(*base, seen[base])] = h
+        keys: list[list[tuple[str, int, str, int]]] = all_gather_object(list(mine), self.group)
+        common = set(keys[0]).intersection(*keys[1:])
+        self._agreed_local = {id(h): h for k, h in mine.items() if k in common}
 
     def _agree_on_hook(
         self, dyn: BaseDynamics, stage: HookStage, hook: Hook, failure: Exception | None
@@ -400,12 +434,21 @@ class DomainParallel:
         :meth:`totals` or :meth:`gather` needs them.
         """
         self.sharded  # noqa: B018 - raises before any collective if not partitioned
+        if self._agreed_local is None:  # the first step: which LOCAL hooks every rank has
+            self._settle_local_hooks()
         self.dynamics.step()
 
     def run(self, n_steps: int) -> bool:
         """Up to ``n_steps`` steps; stops when the integrator converges mesh-wide.
-        **Collective**; returns whether it converged."""
+        **Collective**; returns whether it converged.
+
+        First the ranks compare their LOCAL hooks (one all-gather; hooks added
+        since the last ``run`` count from here on): those every rank has are
+        agreed on when one raises (see :meth:`_run_hooks`). :meth:`step` does
+        this at its first call only.
+        """
         self.sharded  # noqa: B018
+        self._settle_local_hooks()  # hooks may have been added since the last run
         converged = self.dynamics.run(n_steps)
         self.model.check_finite()  # the last step's forces, and any queued flag
         return converged
@@ -479,6 +522,7 @@ class DomainParallel:
             dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
             dyn.heartbeat = None
             self._sharded = None
+            self._agreed_local = None
 
     def __enter__(self) -> DomainParallel:
         return self
