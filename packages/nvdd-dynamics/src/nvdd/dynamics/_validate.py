@@ -6,7 +6,8 @@ few ranks; outputs and every submodule's per-atom inputs and outputs
 rows differ, and the stale neighbour input it read, locate an uncovered
 operation (``_diagnose``). With ``fix=True`` candidate repairs are tried (a ghost
 refresh after the module that produced the stale input, the other force
-strategy, the presets) and the first that validates is reported.
+strategy, the presets, then the receptive-field safe path with 1 to 4 layers:
+the model unmodified) and the first that validates is reported.
 
 Ranks: spawned CPU ranks over gloo when the caller has no process group, else
 the caller's own ranks (``torchrun``; ``device="cuda"`` for one GPU per rank).
@@ -48,11 +49,14 @@ from nvdd.spec import (
     MLIPSpec,
     StrategyKind,
     neighbor_refresh_adapters,
+    receptive_field_spec,
 )
 
 __all__ = ["LayerDiagnostic", "ValidationReport", "trace_and_validate"]
 
 _OUTPUTS = ("energy", "forces", "stress")
+#: ``fix=True`` tries the receptive-field safe path with 1 .. this many layers last.
+RECEPTIVE_LAYERS_TRIED = 4
 _NO_REPORT = "without reporting a result"
 
 
@@ -306,7 +310,12 @@ def trace_and_validate(
     skin:
         Verlet skin of the decomposition.
     fix:
-        When the spec fails, try repairs and report the first that passes.
+        When the spec fails, try repairs and report the first that passes (a
+        ghost refresh, the other force strategy, the presets, and last the
+        receptive-field safe path, ``receptive_field_spec(layers)`` with 1 to
+        :data:`RECEPTIVE_LAYERS_TRIED` layers, which runs the model unmodified;
+        on a batch whose ranks' halos hold nearly every atom too few layers
+        pass too: declare the model's real number).
     tolerance:
         Absolute tolerance; default 1e-8 for float64 batches, 1e-4 for float32.
     timeout_s:
@@ -518,4 +527,12 @@ def _repairs(
     for preset in _presets(kind):
         if preset.name != spec.name:
             out.append((f"preset {preset.name}", preset))
+    for layers in range(1, RECEPTIVE_LAYERS_TRIED + 1):  # last: the model unmodified
+        safe = receptive_field_spec(layers, kind)
+        if safe.name != spec.name:
+            label = (
+                f"the receptive-field safe path, receptive_field_spec(layers={layers}) (as "
+                "strong as the batch: declare the model's real number of layers)"
+            )
+            out.append((label, safe))
     return out
