@@ -1,5 +1,5 @@
 """nvdd.dynamics: integrators and hooks, DomainConfig, DistributedModel (halo),
-GraphPartitionModel (graph partition), DomainParallel."""
+GraphPartitionModel (graph partition), WholeBatchModel (one rank), DomainParallel."""
 
 from nvdd.dynamics.__about__ import __version__
 from nvdd.dynamics._base import (
@@ -38,6 +38,7 @@ from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._spec_report import describe_spec
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate
+from nvdd.dynamics._whole_batch import WholeBatchModel
 
 __all__ = [
     "ASE_TIME_PER_FS",
@@ -76,6 +77,7 @@ __all__ = [
     "UndeclaredOutputWarning",
     "ValidationReport",
     "VelocityVerlet",
+    "WholeBatchModel",
     "__version__",
     "atom_normal",
     "consolidate",

@@ -30,6 +30,7 @@ from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
+from nvdd.dynamics._provider import ProviderBase
 from nvdd.dynamics._verify import needs_verification, verify_model
 from nvdd.partition import BalanceMode, IndexShardedBatch, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
@@ -147,11 +148,13 @@ class DomainParallel:
             raise ConfigurationError(f"src must be in [0, {self.world_size}), got {src}")
         self.src = src
         # by strategy (HALO: DistributedModel, GRAPH_PARTITION: GraphPartitionModel),
-        # and a composed model (``pipeline_components``) as its pipeline variant
-        self.model: DistributedModel = distributed_model_for(
+        # a composed model (``pipeline_components``) as its pipeline variant, and
+        # one rank as WholeBatchModel (unless DomainConfig.halo_on_one_rank)
+        self.model: ProviderBase = distributed_model_for(
             dynamics.model,
             config,
             spec=spec,
+            world_size=self.world_size,
             sync_timings=sync_timings,
             count=count_collectives,
         )

@@ -33,7 +33,9 @@ from nvdd.dynamics._consolidate import consolidate, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
+from nvdd.dynamics._provider import ProviderBase
 from nvdd.dynamics._step import StepState
+from nvdd.dynamics._whole_batch import WholeBatchModel
 from nvdd.shardtensor import dd_scope
 from nvdd.spec import (
     BaseModelMixin,
@@ -64,13 +66,22 @@ def pipeline_components(model: Any) -> tuple[Any, ...] | None:
 
 
 def distributed_model_for(
-    model: Any, config: DomainConfig, *, spec: MLIPSpec | None = None, **kwargs: Any
-) -> DistributedModel:
+    model: Any,
+    config: DomainConfig,
+    *,
+    spec: MLIPSpec | None = None,
+    world_size: int | None = None,
+    **kwargs: Any,
+) -> ProviderBase:
     """The runtime adapter of ``model``: a :class:`DistributedPipelineModel` for a
     composed model (one exposing ``pipeline_components``, e.g.
     ``nvdd.models.PipelineModel``), else a :class:`DistributedModel`; under
     ``StrategyKind.GRAPH_PARTITION`` their graph-partition counterparts
-    (:class:`GraphPartitionPipelineModel`, ``GraphPartitionModel``).
+    (:class:`GraphPartitionPipelineModel`, ``GraphPartitionModel``). A single
+    model under the halo on a world of one (``world_size=1``) runs on the
+    whole batch (:class:`~nvdd.dynamics.WholeBatchModel`) unless
+    ``config.halo_on_one_rank``; a pipeline runs its components on padded rows
+    whatever the world size.
 
     Raises
     ------
@@ -82,6 +93,8 @@ def distributed_model_for(
     graph = config.strategy is StrategyKind.GRAPH_PARTITION
     parts = pipeline_components(model)
     if parts is None:
+        if world_size == 1 and not graph and not config.halo_on_one_rank:
+            return WholeBatchModel(model, config, spec=spec, **kwargs)
         single = GraphPartitionModel if graph else DistributedModel
         return single(model, config, spec=spec, **kwargs)
     if spec is not None:
@@ -117,9 +130,6 @@ class DistributedPipelineModel(DistributedModel):
     """
 
     _captures_halo_steps = False  # (its own step: not captured)
-
-    #: One rank still runs the components on padded rows (each by its own spec).
-    _single_rank_passthrough = False
 
     def __init__(
         self,

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from nvdd.core import ConfigurationError, ValidationError
-from nvdd.spec import MLIPSpec
+from nvdd.dynamics._extract import extract_forces
+from nvdd.spec import ForceStrategy, MLIPSpec
 
 __all__ = ["check_reach", "owned_energy_forces", "owned_row_outputs"]
 
@@ -94,8 +95,10 @@ def owned_energy_forces(
             "copy of them); use receptive_field_spec(layers) (fold=False), which needs no "
             "gradient of them"
         )
-    (grad,) = torch.autograd.grad(owned, padded, allow_unused=True)
-    raw["forces"] = -grad if grad is not None else torch.zeros_like(padded)
+    # (the one force extraction: -d(sum of the owned rows' energies)/d padded)
+    raw["forces"] = extract_forces(
+        {"energy": atom[:n_owned]}, padded, ForceStrategy.AUTOGRAD, model
+    )
 
 
 #: Periodic images per axis and ghost rows the halo can hold (nvdd.halo's limits).
