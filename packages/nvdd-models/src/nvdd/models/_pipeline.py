@@ -22,7 +22,7 @@ import torch
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import config_error
 from nvdd.shardtensor import current_dd_context
-from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind
+from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, as_model
 
 __all__ = ["PipelineModel"]
 
@@ -88,16 +88,12 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
     def distributed_setup(self, ctx: Any) -> None:
         """Forward the scope's opening to every component."""
         for m in self.components:
-            setup = getattr(m, "distributed_setup", None)
-            if setup is not None:
-                setup(ctx)
+            as_model(m).distributed_setup(ctx)
 
     def distributed_teardown(self) -> None:
         """Forward the scope's closing to every component."""
         for m in self.components:
-            teardown = getattr(m, "distributed_teardown", None)
-            if teardown is not None:
-                teardown()
+            as_model(m).distributed_teardown()
 
     def forward(self, batch: Batch, **kwargs: Any) -> ModelOutputs:
         """The sum of the components' outputs (keys every component returns).
