@@ -18,7 +18,7 @@ import torch
 
 from nvdd.core import ConfigurationError, ValidationError
 from nvdd.dynamics._extract import extract_forces
-from nvdd.spec import ForceStrategy, MLIPSpec
+from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
 __all__ = ["check_reach", "owned_energy_forces", "owned_row_outputs"]
 
@@ -107,15 +107,16 @@ _MAX_ROWS = (1 << 31) - 1
 
 
 def check_reach(spec: MLIPSpec, batch: Any, ghost_width: float, model_name: str) -> None:
-    """Refuse a receptive-field halo the halo cannot hold, before building it.
+    """Refuse a receptive-field halo the halo cannot hold, before building it
+    (``StrategyKind.HALO``; graph partition holds any width).
 
     Local, and the same on every rank (the cell, pbc and atom count are every
     rank's). Under periodic boundaries a ghost width wider than the box is
     served by several images per axis (exact, at the cost of the model's work
     on them); past the halo's limits it is impossible, and the error says why.
     """
-    if not spec.owned_rows_exact:
-        return
+    if not spec.owned_rows_exact or spec.strategy is not StrategyKind.HALO:
+        return  # (graph partition: ghosts are atoms, not images; any width works)
     reach = 1 if spec.options.receptive_field_fold else 2
     cell = batch.cell.detach().to("cpu", torch.float64)
     pbc = batch.pbc.detach().to("cpu")
