@@ -59,10 +59,11 @@ class DomainConfig:
         Cut the boxes at atom-count quantiles instead of uniformly.
     halo_on_one_rank:
         On a world of one rank nothing needs decomposing: by default the model
-        runs on the whole batch with its own periodic boundaries (no ghost rows,
-        no exchanges), so ``DomainParallel`` on one GPU costs what the model
-        costs. ``True`` runs the full halo path anyway (periodic images as ghost
-        rows), to test or measure it on one device.
+        runs on the whole batch with its own periodic boundaries
+        (:class:`~nvdd.dynamics.WholeBatchModel`: no ghost rows, no exchanges),
+        so ``DomainParallel`` on one GPU costs what the model costs. ``True``
+        runs the full halo path anyway (:class:`~nvdd.dynamics.DistributedModel`,
+        periodic images as ghost rows), to test or measure it on one device.
     verify_model:
         Check the model decomposed against one process at ``partition`` and refuse
         it when they differ (:mod:`nvdd.dynamics._verify`). None (default): models
