@@ -8,8 +8,12 @@ is written twice. Sessions:
 - ``tests``       per package: that package's sibling closure + its test group only
 - ``typecheck``   per package: mypy --strict in that package's closure
 - ``integration`` integration_tests/ over gloo with everything installed
-- ``check``       per package: typecheck then tests in one environment (used by ``ci``)
-- ``ci``          the README's test command: deps, lint, check of every package, integration
+- ``check``       per package: typecheck then tests in one environment
+- ``checks``      every package at once in ONE environment: one mypy run over all
+                  packages, each package's tests, then integration_tests/ (used by ``ci``;
+                  docs/decisions/0075-one-ci-environment.md says what the per-package
+                  sessions still add)
+- ``ci``          the README's test command: deps, lint, checks, docs
 - ``docs``        the docs site (MkDocs, strict: warnings, broken links, undocumented API fail)
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
@@ -201,6 +205,23 @@ def _run_mypy(session: nox.Session, package: str, posargs: list[str]) -> None:
         )
 
 
+def _run_mypy_all(session: nox.Session, packages: list[str]) -> None:
+    """One mypy run over ``packages`` (their sources, one cache): imports between
+    them resolve to the sources through MYPYPATH, as in the per-package runs."""
+    srcs = [PACKAGES[p]["path"] / "src" for p in packages]  # type: ignore[operator]
+    args: list[str] = []
+    for src in srcs:
+        leaf = next(src.glob("*/*/__about__.py")).parent.relative_to(src)
+        args += ["-p", ".".join(leaf.parts)]
+    session.run(
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        *args,
+        env={"MYPYPATH": os.pathsep.join(str(s) for s in srcs)},
+    )
+
+
 @nox.session(venv_params=VENV_PARAMS)
 @nox.parametrize("package", TESTED, ids=TESTED)
 def tests(session: nox.Session, package: str) -> None:
@@ -238,16 +259,29 @@ def integration(session: nox.Session) -> None:
     session.run("pytest", "-q", "integration_tests", *session.posargs)
 
 
+@nox.session(venv_params=VENV_PARAMS)
+def checks(session: nox.Session) -> None:
+    """mypy --strict of every package (one run), every package's tests, then the
+    integration suite, all in ONE environment holding every package with its extras
+    and test group: what `ci` runs. One install and one mypy cache instead of one
+    per package; an import of an undeclared sibling or extra is caught by the
+    ``deps`` session's import scan (and by ``check(<package>)``, which installs a
+    package's closure alone). Arguments go to every pytest run."""
+    _install(session, TESTED, extras=True, more=("mypy==2.4.1",))
+    _run_mypy_all(session, TESTED)
+    for name in TESTED:
+        _run_tests(session, name, session.posargs)
+    if any((ROOT / "integration_tests").glob("test_*.py")):
+        session.run("pytest", "-q", "integration_tests", *session.posargs)
+
+
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
-    """The README's test command: deps, lint, typecheck and tests of every package,
-    then the integration suite."""
+    """The README's test command: deps, lint, checks (typecheck and tests of every
+    package, then the integration suite, in one environment), docs."""
     session.notify("deps")
     session.notify("lint")
-    for name in TESTED:
-        session.notify(f"check({name})")
-    if any((ROOT / "integration_tests").glob("test_*.py")):
-        session.notify("integration")
+    session.notify("checks")
     session.notify("docs")
 
 
