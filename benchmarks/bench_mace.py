@@ -180,6 +180,8 @@ def measure(
             _sync(device)
             elapsed = time.perf_counter() - t0
             ghosts = 0
+            b = dyn.batch  # kinetic energy at the end: the same trajectory as a peer's
+            ke_end = float(0.5 * (b.masses[:, None] * b.velocities**2).sum())
         else:
             config = DomainConfig(
                 cutoff=model.cutoff, skin=skin, halo_on_one_rank=mode == "dd1halo"
@@ -196,6 +198,7 @@ def measure(
                 elapsed = time.perf_counter() - t0
                 ghosts = dp.stats.n_ghost
     peaks: list[Any] = [None] * world
+    extra = {"ke_end": ke_end} if mode == "plain" else {}
     dist.all_gather_object(peaks, (_peak_mb(device), ghosts))
     return {
         "atoms": n_atoms,
@@ -203,6 +206,7 @@ def measure(
         "peak_mb": [p[0] for p in peaks],
         "ghosts": [p[1] for p in peaks],
         "cueq": model.uses_cueq,
+        **extra,
     }
 
 

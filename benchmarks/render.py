@@ -479,6 +479,83 @@ def mace_max_atoms(two: dict[str, Any], cueq: dict[str, Any]) -> str:
     )
 
 
+TORCHSIM_LEGS = {
+    "plain": "nvdd plain (VelocityVerlet + MACEModel)",
+    "dd1": "nvdd DomainParallel, 1 GPU",
+    "peer": "torch-sim, its default neighbour list",
+    "peer-cell": "torch-sim, nvalchemiops cell list",
+}
+
+
+def mace_vs_torchsim(doc: dict[str, Any]) -> str:
+    """MACE on one GPU: nvdd plain and DomainParallel against torch-sim (bench_peer_torchsim.py)."""
+    rows = doc["rows"]
+    timed = [r for r in rows if r.get("phase") == "timed"]
+    ok = {r["leg"]: r for r in timed if r.get("status") == "ok"}
+    peers = [ok[leg] for leg in ("peer", "peer-cell") if leg in ok]
+    best = min(peers, key=lambda r: r["ms_per_step"]) if peers else None
+    body = []
+    for r in timed:
+        peak = max(r.get("peak_mb") or [0]) / 1024 if r.get("status") == "ok" else None
+        body.append(
+            [
+                TORCHSIM_LEGS.get(r["leg"], r["leg"]),
+                atoms(r["atoms"]),
+                str(r["steps"]),
+                num(ms(r), 1) if r.get("status") == "ok" else r.get("status", ""),
+                num(peak, 2),
+                ratio(ms(r), ms(best)) if r.get("status") == "ok" else "",
+            ]
+        )
+    head = ["leg", "atoms", "timed steps", "ms/step", "peak GiB", "/ faster torch-sim"]
+    big = []
+    largest: dict[str, int] = {}
+    for leg in TORCHSIM_LEGS:
+        mine = [r for r in rows if r["leg"] == leg and r.get("phase") == "search"]
+        if not mine:
+            continue
+        ran = [r["atoms"] for r in rows if r["leg"] == leg and r.get("status") == "ok"]
+        failed = [r for r in mine if r.get("status") != "ok"]
+        largest[leg] = max(ran, default=0)
+        nxt = f"{failed[0]['status']} at {atoms(failed[0]['atoms'])}" if failed else "not reached"
+        big.append([TORCHSIM_LEGS[leg], atoms(largest[leg]) if ran else "none", nxt])
+    lines = []
+    if best and "dd1" in ok:
+        r = ok["dd1"]["ms_per_step"] / best["ms_per_step"]
+        lines.append(
+            f"- DomainParallel on one GPU takes **{r:.2f}x** the step time of the faster "
+            f"torch-sim leg (target <= 1.1: {'met' if r <= 1.1 else 'not met'})."
+        )
+    peer_big = max(largest.get("peer", 0), largest.get("peer-cell", 0))
+    if largest.get("dd1") and peer_big:
+        r = largest["dd1"] / peer_big
+        lines.append(
+            f"- Its largest system is **{r:.2f}x** torch-sim's "
+            f"(target >= 1: {'met' if r >= 1 else 'not met'})."
+        )
+    first = timed[0] if timed else rows[0]
+    out = (
+        "## MACE on one GPU against torch-sim\n\n"
+        "The same random-weight MACE, silica-like system, initial velocities and 0.5 fs NVE\n"
+        "velocity-Verlet step in every leg, each leg in its own process: nvdd's plain model,\n"
+        "nvdd under `DomainParallel` on one GPU, and torch-sim's MD loop (`nve_init`, then\n"
+        "`nve_step`) with its MACE wrapper (forces only). "
+        f"{first['steps']} steps timed after {first['warmup']}\n"
+        "of warm-up, one device synchronisation around them; the ratio column divides by the\n"
+        "faster torch-sim leg.\n\n"
+        f"{table(head, body, [False, True, True, True, True, True])}\n\n"
+    )
+    if lines:
+        out += "\n".join(lines) + "\n\n"
+    if big:
+        out += (
+            "Largest system: doubled (one axis at a time, a few steps each) until out of\n"
+            'memory, or the search\'s time budget ran out ("not reached").\n\n'
+            f"{table(['leg', 'largest that ran', 'next size'], big, [False, True, False])}\n\n"
+        )
+    return out + f"{source(doc)}\n"
+
+
 def _ens_rows(doc: dict[str, Any], leg: str) -> dict[int, Row]:
     return {r["cells"]: r for r in doc["rows"] if r["leg"] == leg}
 
@@ -773,6 +850,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("lj-2gpu-weak", "lj-2gpu-largest"), weak_and_largest),
     (("lj-1gpu-graphs", "lj-2gpu-strong"), memory_per_atom),
     (("mace-2gpu", "mace-1gpu-cueq"), mace_max_atoms),
+    (("mace-1gpu-torchsim",), mace_vs_torchsim),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
     (("receptive-field-cpu",), receptive_field),
