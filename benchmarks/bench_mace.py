@@ -180,8 +180,8 @@ def measure(
             _sync(device)
             elapsed = time.perf_counter() - t0
             ghosts = 0
-            b = dyn.batch  # kinetic energy at the end: the same trajectory as a peer's
-            ke_end = float(0.5 * (b.masses[:, None] * b.velocities**2).sum())
+            peak_mb = _peak_mb(device)
+            ke_end = _kinetic(dyn.batch)
         else:
             config = DomainConfig(
                 cutoff=model.cutoff, skin=skin, halo_on_one_rank=mode == "dd1halo"
@@ -197,9 +197,11 @@ def measure(
                 dist.barrier()
                 elapsed = time.perf_counter() - t0
                 ghosts = dp.stats.n_ghost
+                peak_mb = _peak_mb(device)  # before the gather below
+                ke_end = _kinetic(dp.gather(0))  # after the timed steps (a collective)
     peaks: list[Any] = [None] * world
-    extra = {"ke_end": ke_end} if mode == "plain" else {}
-    dist.all_gather_object(peaks, (_peak_mb(device), ghosts))
+    extra = {} if ke_end is None else {"ke_end": ke_end}
+    dist.all_gather_object(peaks, (peak_mb, ghosts))
     return {
         "atoms": n_atoms,
         "ms_per_step": 1000.0 * elapsed / steps,
@@ -208,6 +210,14 @@ def measure(
         "cueq": model.uses_cueq,
         **extra,
     }
+
+
+def _kinetic(batch: Any) -> float | None:
+    """Kinetic energy (eV) of a whole batch (None off the gathering rank): legs that
+    ran the same trajectory agree on it."""
+    if batch is None:
+        return None
+    return float(0.5 * (batch.masses[:, None] * batch.velocities**2).sum())
 
 
 _OOM = ("OutOfMemoryError", "CUDA out of memory", "MemoryError", "can't allocate memory")
