@@ -292,7 +292,7 @@ def _oracle(case: str, layers: int, dtype: torch.dtype = torch.float64) -> dict[
     return out
 
 
-# periodic-2 runs in float32 below
+# periodic-2 runs in float32 in test_models_mace_more.py
 MACE_CASES = [
     ("triclinic-3", 3),
     ("mixed-open-cuts-3", 2),
@@ -318,19 +318,6 @@ def test_mace_ranks_equal_the_single_process_model_by_id(case: str, layers: int)
     ghosts = [g["n_ghost"] for g in got]
     # (the lopsided case has one rank without ghost rows by design)
     assert all(ghosts) if case != "open-lopsided-2" else ghosts.count(0) == 1, ghosts
-
-
-@pytest.mark.gloo
-def test_mace_float32_ranks() -> None:
-    case = "periodic-2"
-    got = [r[0] for r in run_ranks(run_steps, 2, "mace", case, dtype=torch.float32, timeout_s=300)]
-    ref = _oracle(case, 2)
-    ids, forces = torch.cat([g["ids"] for g in got]), torch.cat([g["forces"] for g in got])
-    assert forces.dtype == torch.float32
-    scale = float(ref["forces"].abs().max())
-    assert_close_by_id(ids, forces, ref["ids"], ref["forces"], atol=1e-5 * scale, what="forces")
-    for g in got:
-        torch.testing.assert_close(g["energy"].double(), ref["energy"], rtol=1e-6, atol=0)
 
 
 @pytest.mark.gloo
