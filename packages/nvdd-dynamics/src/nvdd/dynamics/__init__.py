@@ -8,8 +8,10 @@ from nvdd.dynamics._base import (
     PER_ATOM_OUTPUTS,
     BaseDynamics,
     ForceProvider,
+    HookContext,
     ModelForceProvider,
     Reducer,
+    StepState,
 )
 from nvdd.dynamics._checkpoint import (
     CheckpointError,
@@ -29,7 +31,7 @@ from nvdd.dynamics._graph_step import (
     StepGraphs,
     cuda_graphs_default,
 )
-from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.dynamics._hooks import Hook, HookScope, HookStage
 from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
 from nvdd.dynamics._nose_hoover import NoseHooverChain, StepSums, step_sums
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
@@ -73,6 +75,7 @@ __all__ = [
     "PendingTotals",
     "Reducer",
     "StepGraphs",
+    "StepState",
     "StepSums",
     "UndeclaredOutputWarning",
     "ValidationReport",

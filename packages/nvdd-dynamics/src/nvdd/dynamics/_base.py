@@ -1,21 +1,34 @@
 """`BaseDynamics`: the single-process integrator skeleton with hooks.
 
-A step is ``pre_update`` -> ``compute`` -> ``post_update``, with hooks around each
-stage. Forces at t = 0 are computed before the first ``pre_update``. The same
-class runs unchanged under :class:`~nvdd.dynamics.DomainParallel`, which swaps in a
-distributed force provider, a mesh-wide :class:`Reducer`, and its hook runner.
+A step is ``pre_update`` -> forces -> ``post_update``, with hooks around each
+stage: :func:`nvdd.dynamics._step.step`, over the :class:`StepState` the
+integrator is bound to. Forces at t = 0 are computed before the first
+``pre_update``. The same class runs unchanged under
+:class:`~nvdd.dynamics.DomainParallel`, which binds its own state (a distributed
+force provider, a mesh-wide :class:`Reducer`, its hook runner) from
+``partition`` to ``close``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, get_rank
+from nvdd.core import Batch, ConfigurationError, ModelOutputs
+from nvdd.dynamics import _step
 from nvdd.dynamics._graph_step import StepGraphs
-from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookScope, HookStage
+from nvdd.dynamics._step import (
+    ForceProvider,
+    HookRunner,
+    PhasedProvider,
+    Reducer,
+    StateOwner,
+    StepState,
+)
 from nvdd.spec import ModelContract, as_model
 
 __all__ = [
@@ -24,9 +37,11 @@ __all__ = [
     "PER_ATOM_OUTPUTS",
     "BaseDynamics",
     "ForceProvider",
+    "HookContext",
     "ModelForceProvider",
     "Reducer",
     "StateOwner",
+    "StepState",
 ]
 
 #: One femtosecond in ASE time units (Angstrom * sqrt(amu / eV)).
@@ -34,78 +49,32 @@ ASE_TIME_PER_FS = 0.09822694788464063
 #: Boltzmann constant, eV / K.
 KB_EV_PER_K = 8.617333262e-5
 
-_ENERGY_KEYS = ("energy", "stress")
-#: Per-atom model outputs the integrator keeps in ``batch.atom_extras`` when the
-#: model returns them (they migrate with their atoms and reach hooks and
-#: trajectory writers): ``atom_energies`` ``(n_atoms,)`` and ``atom_virials``
-#: ``(n_atoms, 3, 3)`` (summing to the system virial, ``-dE/d strain``; only
-#: models that say so return them, e.g. ``LJConfig(atom_virials=True)``). A hook
-#: may name them in ``needs``: a model that does not return one is then an error.
-PER_ATOM_OUTPUTS = ("atom_energies", "atom_virials")
 
+@dataclass(frozen=True)
+class HookContext:
+    """What a hook callback receives.
 
-class Reducer:
-    """Sums and maxima of small tensors over every atom of the system.
-
-    The single-process reducer is the identity; the distributed one (set by
-    DomainParallel) all-reduces over the mesh, so integrators that need global
-    quantities (FIRE's power, a thermostat's temperature) work unchanged.
+    Attributes
+    ----------
+    batch:
+        The batch of the hook's scope (owned atoms for LOCAL, the whole system in
+        atom-id order for GLOBAL / RANK_ZERO).
+    step:
+        Steps completed so far (0 before the first step).
+    stage:
+        The stage running.
+    dynamics:
+        The inner integrator.
+    rank, world_size:
+        Place of this process in the decomposition (0 and 1 in a single process).
     """
 
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum of ``t`` over all ranks (identity here)."""
-        return t
-
-    def max(self, t: torch.Tensor) -> torch.Tensor:
-        """Element-wise max of ``t`` over all ranks (identity here)."""
-        return t
-
-    def sum_with_totals(
-        self, t: torch.Tensor, names: Iterable[str], known: Mapping[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``t`` summed over ranks and the model's per-system totals ``names``, in
-        one reduction (an integrator's declared once-per-step reduction).
-
-        Parameters
-        ----------
-        t:
-            This process's share of the integrator's sums (any shape).
-        names:
-            Per-system model outputs wanted (e.g. ``"energy"``, ``"stress"``).
-        known:
-            Outputs of the last force computation that are already whole (in a
-            single process: all of them).
-
-        Returns
-        -------
-        (torch.Tensor, dict)
-            The summed ``t`` and the totals of ``names`` that exist (a name the
-            model does not return is left out). Here: ``t`` and ``known``.
-        """
-        return t, {n: known[n] for n in names if n in known}
-
-
-class ForceProvider(Protocol):
-    """Computes model outputs for the integrator's batch.
-
-    Returns the batch to continue with (a distributed provider may migrate atoms
-    and return different owned rows) and the outputs for its rows. Forces are
-    always returned; a distributed provider may leave out per-system totals that
-    need a reduction (they are reduced on demand, when a hook needs them).
-    """
-
-    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]: ...
-
-
-class StateOwner(Protocol):
-    """Holds an integrator's atom state (``local_batch``, read and written).
-
-    On one process the integrator owns it; under ``DomainParallel`` the
-    :class:`~nvdd.partition.ShardedBatch` does, so migration and the integrator
-    never hold two copies that must be re-synced.
-    """
-
-    local_batch: Batch
+    batch: Batch
+    step: int
+    stage: HookStage
+    dynamics: BaseDynamics
+    rank: int = 0
+    world_size: int = 1
 
 
 class _OwnState:
@@ -128,6 +97,33 @@ class ModelForceProvider:
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         return batch, self.model(batch)
 
+    # the phases of a force computation (nvdd.dynamics._step): one model call
+    def open(self, st: StepState) -> None:
+        """Nothing to start."""
+
+    def decide(self, st: StepState) -> bool:
+        """Nothing is ever rebuilt."""
+        return False
+
+    def rebuild(self, st: StepState) -> None:
+        """Never called (:meth:`decide` is False)."""
+
+    def exchange(self, st: StepState) -> None:
+        """No ghosts: nothing to exchange."""
+
+    def forward(self, st: StepState) -> None:
+        """The model on the whole batch."""
+        st.raw = self.model(st.batch)
+
+    def fold(self, st: StepState) -> ModelOutputs:
+        """No ghosts: the model's outputs as they are."""
+        raw: ModelOutputs = st.raw
+        st.raw = None
+        return raw
+
+    def close(self, st: StepState) -> None:
+        """Nothing to finish."""
+
     def graph_key(self, batch: Batch) -> Hashable | None:
         """The model's ``graph_key(batch)`` (None when it has none)."""
         return self.contract.graph_key(batch)
@@ -147,7 +143,56 @@ class ModelForceProvider:
         return bool(self.contract.take_verdict(batch))
 
 
-HookRunner = Callable[["BaseDynamics", HookStage, list[Hook]], None]
+class _CallProvider:
+    """A one-call :class:`ForceProvider` (``provider(batch) -> (batch, outputs)``)
+    run as the phases of a force computation; every other attribute
+    (``graph_key``, ``splits_step``, ...) is the provider's own."""
+
+    def __init__(self, provider: ForceProvider) -> None:
+        self.provider = provider
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["provider"], name)
+
+    def open(self, st: StepState) -> None:
+        """Nothing to start."""
+
+    def decide(self, st: StepState) -> bool:
+        """The provider decides inside its call."""
+        return False
+
+    def rebuild(self, st: StepState) -> None:
+        """Never called (:meth:`decide` is False)."""
+
+    def exchange(self, st: StepState) -> None:
+        """Inside the provider's call."""
+
+    def forward(self, st: StepState) -> None:
+        """The provider's call (it may return other rows: they are the owner's now)."""
+        batch, st.raw = self.provider(st.batch)
+        if batch is not st.owner.local_batch:
+            st.owner.local_batch = batch
+
+    def fold(self, st: StepState) -> ModelOutputs:
+        """The provider's outputs as they are."""
+        raw: ModelOutputs = st.raw
+        st.raw = None
+        return raw
+
+    def close(self, st: StepState) -> None:
+        """Nothing to finish."""
+
+
+def _phased(provider: Any) -> PhasedProvider:
+    """``provider`` as the phases of a force computation (a one-call provider wrapped)."""
+    if isinstance(provider, _CallProvider):
+        return provider
+    if all(
+        hasattr(provider, n)
+        for n in ("open", "decide", "rebuild", "exchange", "forward", "fold", "close")
+    ):
+        return provider  # type: ignore[no-any-return]
+    return _CallProvider(provider)
 
 
 def _run_hooks_locally(dyn: BaseDynamics, stage: HookStage, hooks: list[Hook]) -> None:
@@ -197,41 +242,99 @@ class BaseDynamics:
         # The integrator's own positions and velocities: integrators may update
         # them in place without touching the caller's tensors.
         own = batch.replace(positions=batch.positions.clone(), velocities=batch.velocities.clone())
-        self._state: StateOwner = _OwnState(own)
+        # The states this integrator is stepped through: its own (the whole
+        # batch, the model, the identity reducer), then the one bound last
+        # (DomainParallel's, from partition to close) on top.
+        self._states: list[StepState] = [
+            StepState(_OwnState(own), ModelForceProvider(model), Reducer(), _run_hooks_locally)
+        ]
         self.dt_fs = float(dt_fs)
         self.step_count = 0
         self.converged = False
         self.hooks: list[Hook] = list(hooks)
-        self.reducer: Reducer = Reducer()
-        self.force_provider: ForceProvider = ModelForceProvider(model)
-        self.hook_runner: HookRunner = _run_hooks_locally
         #: Outputs of the last force computation that are whole on this process
         #: (under DD, per-system partials are not here until reduced).
         self.outputs: dict[str, torch.Tensor] = {}
-        #: Called with ``(step_count, phase)`` at every hook stage (phase: the
-        #: stage's value), whether or not hooks are due, and again after due hooks
-        #: ran (``"<stage> hooks done"``): progress beats for a watchdog (set by
-        #: DomainParallel), so a rank stuck in a hook falls behind the others.
-        self.heartbeat: Callable[[int, str], None] | None = None
-        self._forces_ready = False
         #: Capture and replay of steady steps (CUDA graphs).
         self.graphs = StepGraphs(self, cuda_graphs)
 
     # ---------------------------------------------------------------- state
     @property
+    def step_state(self) -> StepState:
+        """The :class:`StepState` this integrator steps through now (its own, or
+        the one ``DomainParallel`` bound)."""
+        return self._states[-1]
+
+    def bind(self, state: StepState) -> None:
+        """Step through ``state`` from now on (its owner's atoms, provider,
+        reducer, hook runner and heartbeat) until :meth:`unbind`.
+        ``DomainParallel.partition`` binds its own; nothing else changes."""
+        self._states.append(state)
+
+    def unbind(self, state: StepState) -> None:
+        """Stop stepping through ``state`` (bound by :meth:`bind`): the
+        integrator's own state takes over, with ``state``'s current atoms (this
+        rank's owned atoms under DD) and whether their forces are computed."""
+        if state not in self._states[1:]:
+            return
+        self._states.remove(state)
+        own = self._states[-1]
+        own.owner.local_batch = state.owner.local_batch
+        own.forces_ready = state.forces_ready
+
+    @property
     def batch(self) -> Batch:
         """The atoms this integrator advances (this rank's owned atoms under DD)."""
-        return self._state.local_batch
+        return self._states[-1].owner.local_batch
 
     @batch.setter
     def batch(self, batch: Batch) -> None:
-        self._state.local_batch = batch
+        self._states[-1].owner.local_batch = batch
+
+    @property
+    def reducer(self) -> Reducer:
+        """Global sums for the integrator (mesh-wide under DD; identity otherwise)."""
+        return self._states[-1].reducer
+
+    @property
+    def force_provider(self) -> PhasedProvider:
+        """The force phases of the step (a one-call ``ForceProvider`` assigned
+        here runs as its ``forward`` phase)."""
+        return self._states[-1].provider
+
+    @force_provider.setter
+    def force_provider(self, provider: ForceProvider | PhasedProvider) -> None:
+        self._states[-1].provider = _phased(provider)
+
+    @property
+    def hook_runner(self) -> HookRunner:
+        """Runs the due hooks of a stage (DomainParallel's under DD)."""
+        return self._states[-1].run_hooks
+
+    @property
+    def heartbeat(self) -> Callable[[int, str], None] | None:
+        """Called with ``(step_count, phase)`` at every hook stage (phase: the
+        stage's value), whether or not hooks are due, and again after due hooks
+        ran (``"<stage> hooks done"``): progress beats for a watchdog (DomainParallel
+        binds one), so a rank stuck in a hook falls behind the others."""
+        return self._states[-1].heartbeat
+
+    @heartbeat.setter
+    def heartbeat(self, beat: Callable[[int, str], None] | None) -> None:
+        self._states[-1].heartbeat = beat
+
+    @property
+    def _forces_ready(self) -> bool:
+        return self._states[-1].forces_ready
+
+    @_forces_ready.setter
+    def _forces_ready(self, ready: bool) -> None:
+        self._states[-1].forces_ready = ready
 
     def attach_state(self, owner: StateOwner | None) -> None:
         """Keep the atom state in ``owner`` from now on (``None``: in this object,
-        starting from the owner's current batch). ``DomainParallel`` attaches its
-        :class:`~nvdd.partition.ShardedBatch`."""
-        self._state = _OwnState(self.batch) if owner is None else owner
+        starting from the owner's current batch)."""
+        self._states[-1].owner = _OwnState(self.batch) if owner is None else owner
 
     # ---------------------------------------------------------------- hooks
     def register_hook(
@@ -252,34 +355,6 @@ class BaseDynamics:
         """Drop a hook registered earlier."""
         self.hooks.remove(hook)
 
-    def _fire(self, stage: HookStage) -> None:
-        beat = self.heartbeat
-        if beat is not None:
-            beat(self.step_count, stage.value)
-        due = [h for h in self.hooks if h.stage is stage and h.due(self.step_count)]
-        if due:
-            self._check_per_atom_needs(stage, due)
-            self.hook_runner(self, stage, due)
-            if beat is not None:
-                beat(self.step_count, f"{stage.value} hooks done")
-
-    def _check_per_atom_needs(self, stage: HookStage, hooks: list[Hook]) -> None:
-        """Raise if a due hook needs a per-atom output the model did not return.
-
-        Local: every rank holds the same model, so every rank raises together.
-        """
-        kept = self.batch.atom_extras
-        for hook in hooks:
-            missing = sorted(n for n in hook.needs if n in PER_ATOM_OUTPUTS and n not in kept)
-            if missing:
-                name = getattr(hook.fn, "__name__", hook.fn)
-                raise ConfigurationError(
-                    f"rank {get_rank()}: a {stage.value} hook ({name!r}) "
-                    f"needs {missing}, which {type(self.model).__name__} does not return (its "
-                    f"outputs: {sorted(self.outputs)}); per-atom virials come from models that "
-                    "say so, e.g. LennardJones(LJConfig(..., atom_virials=True))"
-                )
-
     # ------------------------------------------------------------ the step
     @property
     def dt(self) -> float:
@@ -298,25 +373,8 @@ class BaseDynamics:
         """Run the model; store forces, energy and stress in the batch and the
         per-atom outputs of :data:`PER_ATOM_OUTPUTS` it returns (``atom_energies``,
         ``atom_virials``) in ``batch.atom_extras``; keep every whole output in
-        :attr:`outputs`."""
-        batch, out = self.force_provider(self.batch)
-        if "forces" not in out:
-            raise ValidationError(
-                f"{type(self.model).__name__} returned no 'forces' (got {sorted(out)})"
-            )
-        outputs = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
-        fields: dict[str, Any] = {"forces": outputs["forces"]}
-        fields.update({k: outputs[k] for k in _ENERGY_KEYS if k in outputs})
-        kept = {
-            k: outputs[k]
-            for k in PER_ATOM_OUTPUTS
-            if k in outputs and outputs[k].shape[:1] == (batch.n_atoms,)
-        }
-        if kept:
-            fields["atom_extras"] = {**batch.atom_extras, **kept}
-        self.batch = batch.replace(**fields)
-        self.outputs = outputs
-        self._forces_ready = True
+        :attr:`outputs` (:func:`nvdd.dynamics._step.compute`)."""
+        _step.compute(self, self._states[-1])
 
     def graph_key(self) -> Hashable | None:
         """Host state a CUDA-graph capture of ``pre_update`` / ``compute`` /
@@ -353,49 +411,14 @@ class BaseDynamics:
 
     def ensure_forces(self) -> None:
         """Compute forces at the current positions if not done yet (t = 0)."""
-        if not self._forces_ready:
-            self.compute()
+        _step.ensure_forces(self, self._states[-1])
 
     def step(self) -> None:
-        """One step with every hook stage."""
-        self.ensure_forces()
-        self._fire(HookStage.BEFORE_STEP)
-        if not self.graphs.run_step():  # a replay of the captured middle, when steady
-            self._fire(HookStage.BEFORE_PRE_UPDATE)
-            self.pre_update()
-            self._fire(HookStage.AFTER_PRE_UPDATE)
-            self._fire(HookStage.BEFORE_COMPUTE)
-            self.compute()
-            self._fire(HookStage.AFTER_COMPUTE)
-            self._fire(HookStage.BEFORE_POST_UPDATE)
-            self.post_update()
-            self._fire(HookStage.AFTER_POST_UPDATE)
-        self.step_count += 1
-        self._fire(HookStage.AFTER_STEP)
-        if self.is_converged():
-            self.converged = True
-            self._fire(HookStage.ON_CONVERGE)
+        """One step with every hook stage (:func:`nvdd.dynamics._step.step`)."""
+        _step.step(self, self._states[-1])
 
     def run(self, n_steps: int) -> bool:
-        """Up to ``n_steps`` steps, stopping early at convergence; returns ``converged``.
-
-        Convergence is tested first (as ASE's optimisers do): a minimiser whose
-        structure already meets its criterion takes no step (it fires
-        ``ON_CONVERGE`` and returns True). Stepping anyway moved such a
-        structure along the direction of forces at the rounding level (FIRE's
-        velocity mixing divides by ``|F|``), i.e. along noise, and a decomposed
-        run and one process moved it differently.
-        """
-        if n_steps < 0:
-            raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
-        if n_steps:
-            self.ensure_forces()
-            if self.is_converged():
-                self.converged = True
-                self._fire(HookStage.ON_CONVERGE)
-                return True
-        for _ in range(n_steps):
-            self.step()
-            if self.converged:
-                break
-        return self.converged
+        """Up to ``n_steps`` steps, stopping early at convergence; returns
+        ``converged`` (:func:`nvdd.dynamics._step.run`: a structure that already
+        meets its criterion takes no step)."""
+        return _step.run(self, self._states[-1], n_steps)

@@ -40,7 +40,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -62,7 +62,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from nvdd.dynamics._base import BaseDynamics
-    from nvdd.dynamics._domain_parallel import DomainParallel
+    from nvdd.dynamics._config import DomainConfig
+    from nvdd.dynamics._provider import ProviderBase
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -82,6 +83,31 @@ _SCALARS = (bool, int, float, str)
 
 class CheckpointError(NvddError, OSError):
     """A checkpoint could not be written or read (the previous one is intact)."""
+
+
+class DomainParallel(Protocol):
+    """What checkpoints read and call of a ``DomainParallel`` (typed here so that
+    this module does not import the runtime that calls it)."""
+
+    group: ProcessGroup | None
+    rank: int
+    src: int
+    world_size: int
+    config: DomainConfig
+    dynamics: BaseDynamics
+    model: ProviderBase
+
+    @property
+    def sharded(self) -> ShardedBatch | IndexShardedBatch: ...
+
+    def totals(self, names: tuple[str, ...] = ...) -> dict[str, torch.Tensor]: ...
+
+    def partition(
+        self,
+        batch: Batch | None = None,
+        *,
+        sharded: ShardedBatch | IndexShardedBatch | None = None,
+    ) -> ShardedBatch | IndexShardedBatch: ...
 
 
 # ----------------------------------------------------------------- helpers
@@ -500,6 +526,6 @@ def load_checkpoint(dp: DomainParallel, path: str | os.PathLike[str]) -> dict[st
         setattr(dyn, key, value)
     arrays = manifest["integrator"].get("arrays", {})  # (absent before 2026-12-02)
     dyn.load_state_arrays({k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()})
-    dyn._forces_ready = True  # the saved forces drive the first half step
+    dyn.step_state.forces_ready = True  # the saved forces drive the first half step
     dp.model.request_rebuild()
     return manifest

@@ -1,8 +1,20 @@
-"""`DomainParallel`: wrap any `BaseDynamics` with spatial domain decomposition."""
+"""`DomainParallel`: wrap any `BaseDynamics` with spatial domain decomposition.
+
+The watchdog runs from ``partition`` (or ``load``) to ``close`` and gets one beat
+at every hook stage of every step (``"step 12 before_compute"``) and one after the
+hooks of a stage ran, so the report of a silent rank says which step and phase it
+stopped in, and a rank stuck in a hook is one beat behind the others (whatever
+the backend: a rank waiting in an NCCL collective may block outside
+``torch.distributed``, in a host sync). Phases that are legitimately long get
+:data:`SETUP_ALLOWANCE_S`: the scatter from the source rank (which may read and
+check a large system first) and, with a compiled forward, the first force
+computation.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -22,15 +34,16 @@ from nvdd.core import (
     init_distributed,
     install_teardown,
 )
-from nvdd.dynamics import _checkpoint, _progress
-from nvdd.dynamics._base import BaseDynamics, Reducer
+from nvdd.dynamics import _checkpoint
+from nvdd.dynamics._base import BaseDynamics, HookContext
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._graph_partition import GraphPartitionModel
-from nvdd.dynamics._hooks import Hook, HookContext, HookScope, HookStage
+from nvdd.dynamics._hooks import Hook, HookScope, HookStage
 from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.dynamics._provider import ProviderBase
+from nvdd.dynamics._step import StepState, run, step
 from nvdd.dynamics._verify import needs_verification, verify_model
 from nvdd.partition import BalanceMode, IndexShardedBatch, ShardedBatch, SpatialPartitioner
 from nvdd.spec import MLIPSpec, StrategyKind
@@ -41,6 +54,9 @@ if TYPE_CHECKING:
 __all__ = ["DomainParallel"]
 
 _TOTALS = ("energy", "stress", "virial")
+#: Seconds the scatter (and a first compiled forward) may take before the watchdog
+#: reports, when that is more than its timeout.
+SETUP_ALLOWANCE_S = 600.0
 
 
 def _graph(config: DomainConfig) -> bool:
@@ -67,7 +83,19 @@ def _forces_stale_after(dyn: BaseDynamics, stage: HookStage) -> None:
     the previous positions: mark them stale, so :meth:`DomainParallel.gather`
     computes them at the positions it returns."""
     if stage in (HookStage.AFTER_PRE_UPDATE, HookStage.BEFORE_COMPUTE):
-        dyn._forces_ready = False
+        dyn.step_state.forces_ready = False
+
+
+def _stage_beat(dp: DomainParallel) -> Callable[[int, str], None]:
+    """The heartbeat that beats ``dp``'s watchdog at every stage of every step."""
+    wd = dp.watchdog
+    # Until the first step starts, the first forces are computed (compiled, maybe).
+    wd.beat("partitioned", allow_s=SETUP_ALLOWANCE_S if dp.config.compile else None)
+
+    def beat(step: int, phase: str) -> None:
+        wd.beat(f"step {step} {phase}")
+
+    return beat
 
 
 class DomainParallel:
@@ -164,11 +192,9 @@ class DomainParallel:
         #: hook kept beside it), settled by :meth:`_settle_local_hooks`; None
         #: until the first ``step`` / ``run``.
         self._agreed_local: dict[int, Hook] | None = None
-        self._single: tuple[Any, Reducer, Any] = (
-            dynamics.force_provider,
-            dynamics.reducer,
-            dynamics.hook_runner,
-        )
+        #: What the integrator steps through from :meth:`partition` to
+        #: :meth:`close` (bound to it, nothing of it swapped).
+        self.step_state: StepState | None = None
 
     # ------------------------------------------------------------ set-up
     @property
@@ -178,6 +204,12 @@ class DomainParallel:
         if self._sharded is None:
             raise ConfigurationError("DomainParallel: call partition(batch) first")
         return self._sharded
+
+    def _state(self) -> StepState:
+        """The bound :class:`StepState` (raises before any collective if not partitioned)."""
+        if self.step_state is None:
+            raise ConfigurationError("DomainParallel: call partition(batch) first")
+        return self.step_state
 
     @property
     def stats(self) -> DDStats:
@@ -201,7 +233,8 @@ class DomainParallel:
         """
         if self._sharded is not None:
             raise ConfigurationError("DomainParallel.partition: already partitioned")
-        _progress.watch(self, "partition")
+        self.watchdog.start()
+        self.watchdog.beat("partition", allow_s=SETUP_ALLOWANCE_S)
         ghost_width = self.model.ghost_width
         state: ShardedBatch | IndexShardedBatch
         if sharded is not None:
@@ -212,14 +245,16 @@ class DomainParallel:
             state = self._scatter(batch, ghost_width)
         self.model.attach(state)
         self._sharded = state
-        dyn = self.dynamics
-        dyn.graphs.drop("DomainParallel.partition")  # a captured step used the old wiring
-        dyn.attach_state(state)  # the integrator's batch IS the sharded batch from now on
-        dyn.force_provider = self.model
-        dyn.reducer = MeshReducer(self.group, totals=self.model.pending)
-        dyn.hook_runner = self._run_hooks
-        dyn._forces_ready = False
-        dyn.heartbeat = _progress.stage_beat(self)
+        # the integrator's batch IS the sharded batch from now on
+        self.step_state = StepState(
+            state,
+            self.model,
+            MeshReducer(self.group, totals=self.model.pending),
+            self._run_hooks,
+            _stage_beat(self),
+        )
+        self.dynamics.graphs.drop("DomainParallel.partition")  # a captured step used the old wiring
+        self.dynamics.bind(self.step_state)
         return state
 
     def _verify(self, batch: Batch | None, ghost_width: float) -> None:
@@ -303,8 +338,8 @@ class DomainParallel:
             for k in ("energy", "stress"):
                 if k in pending.unavailable:
                     known[k] = torch.full_like(getattr(self.dynamics.batch, k), float("nan"))
-        if known:
-            self.dynamics.batch = self.dynamics.batch.replace(**known)
+        if known:  # (into the owner of the integrator's atoms: the sharded batch)
+            self.sharded.local_batch = self.sharded.local_batch.replace(**known)
         return totals
 
     def _run_hooks(self, dyn: BaseDynamics, stage: HookStage, hooks: list[Hook]) -> None:
@@ -427,19 +462,20 @@ class DomainParallel:
     def step(self) -> None:
         """One step of the inner integrator, decomposed. **Collective**.
 
-        The integrator's own stages run on this rank's owned atoms
-        (``pre_update``, ``compute``, ``post_update``, hooks); its ``compute``
-        calls :class:`DistributedModel`, which (1) all-reduces one flag: skin
-        used up, or a non-finite value anywhere; (2) if used up, migrates atoms
-        and rebuilds the halo plan; (3) exchanges ghost positions; (4) runs the
-        model on ``[owned | ghost]`` rows; (5) folds ghost contributions to their
-        owners as the spec says. Per-system totals are reduced only when a hook,
-        :meth:`totals` or :meth:`gather` needs them.
+        :func:`nvdd.dynamics._step.step` over :attr:`step_state`: the
+        integrator's own stages on this rank's owned atoms (``pre_update``,
+        ``post_update``, hooks), and between them the phases of
+        :class:`DistributedModel`: (1) one all-reduced flag: skin used up, or a
+        non-finite value anywhere; (2) if used up, migrate atoms and rebuild the
+        halo plan; (3) exchange ghost positions; (4) the model on ``[owned |
+        ghost]`` rows; (5) fold ghost contributions to their owners as the spec
+        says. Per-system totals are reduced only when a hook, :meth:`totals` or
+        :meth:`gather` needs them.
         """
-        self.sharded  # noqa: B018 - raises before any collective if not partitioned
+        st = self._state()  # (raises before any collective if not partitioned)
         if self._agreed_local is None:  # the first step: which LOCAL hooks every rank has
             self._settle_local_hooks()
-        self.dynamics.step()
+        step(self.dynamics, st)
 
     def run(self, n_steps: int) -> bool:
         """Up to ``n_steps`` steps; stops when the integrator converges mesh-wide.
@@ -450,9 +486,9 @@ class DomainParallel:
         agreed on when one raises (see :meth:`_run_hooks`). :meth:`step` does
         this at its first call only.
         """
-        self.sharded  # noqa: B018
+        st = self._state()
         self._settle_local_hooks()  # hooks may have been added since the last run
-        converged = self.dynamics.run(n_steps)
+        converged = run(self.dynamics, st, n_steps)
         self.model.check_finite()  # the last step's forces, and any queued flag
         return converged
 
@@ -519,11 +555,10 @@ class DomainParallel:
         try:
             self.model.detach()
         finally:
-            dyn = self.dynamics
-            dyn.graphs.drop("DomainParallel.close", release=True)
-            dyn.force_provider, dyn.reducer, dyn.hook_runner = self._single
-            dyn.attach_state(None)  # keeps this rank's owned atoms, now its own
-            dyn.heartbeat = None
+            self.dynamics.graphs.drop("DomainParallel.close", release=True)
+            if self.step_state is not None:  # the integrator keeps this rank's owned atoms
+                self.dynamics.unbind(self.step_state)
+            self.step_state = None
             self._sharded = None
             self._agreed_local = None
 

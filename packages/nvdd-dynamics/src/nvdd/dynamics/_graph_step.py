@@ -72,7 +72,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -86,10 +86,34 @@ from nvdd.core import (
     can_capture,
     make_step_graph,
 )
-from nvdd.dynamics._hooks import HookStage
+from nvdd.dynamics._hooks import Hook, HookStage
+from nvdd.dynamics._step import StepState
 
-if TYPE_CHECKING:
-    from nvdd.dynamics._base import BaseDynamics
+
+class Captured(Protocol):
+    """What :class:`StepGraphs` needs of its integrator (``BaseDynamics``)."""
+
+    step_count: int
+    hooks: list[Hook]
+    outputs: dict[str, torch.Tensor]
+
+    @property
+    def batch(self) -> Batch: ...
+
+    @batch.setter
+    def batch(self, batch: Batch) -> None: ...
+
+    @property
+    def step_state(self) -> StepState: ...
+
+    def graph_key(self) -> Hashable | None: ...
+
+    def pre_update(self) -> None: ...
+
+    def compute(self) -> None: ...
+
+    def post_update(self) -> None: ...
+
 
 __all__ = ["CUDA_GRAPHS_ENV", "WARMUP_STEPS", "StepGraphs", "cuda_graphs_default"]
 
@@ -162,7 +186,7 @@ class StepGraphs:
         Why the last graph was dropped (or capture disabled), for diagnostics.
     """
 
-    def __init__(self, dyn: BaseDynamics, enabled: bool | None = None) -> None:
+    def __init__(self, dyn: Captured, enabled: bool | None = None) -> None:
         self.dyn = dyn
         self.enabled = cuda_graphs_default() if enabled is None else bool(enabled)
         self.captures = 0
@@ -195,7 +219,7 @@ class StepGraphs:
     def key(self) -> Hashable | None:
         """What a capture of the next step bakes in (None: not capturable now)."""
         dyn = self.dyn
-        if not (self.enabled and dyn._forces_ready):
+        if not (self.enabled and dyn.step_state.forces_ready):
             return None
         own = dyn.graph_key()
         if own is None:
@@ -203,7 +227,7 @@ class StepGraphs:
         step = dyn.step_count
         if any(h.stage in _INSIDE and h.due(step) for h in dyn.hooks):
             return None
-        provider = getattr(dyn.force_provider, "graph_key", None)
+        provider = getattr(dyn.step_state.provider, "graph_key", None)
         inner = provider(dyn.batch) if provider is not None else None
         if inner is None:
             return None
@@ -257,7 +281,7 @@ class StepGraphs:
         graph = make_step_graph(self.dyn.batch.device, self._pool("head"))
         if graph is None:
             return False
-        split = self.dyn.force_provider
+        split = self.dyn.step_state.provider
         if getattr(split, "splits_step", False):
             return self._capture_split(graph, split)
         return self._capture(graph)

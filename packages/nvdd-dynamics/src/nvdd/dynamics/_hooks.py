@@ -1,18 +1,23 @@
-"""Hook stages, scopes and registrations."""
+"""Hook stages, scopes and registrations (the context a hook receives: ``_base``)."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nvdd.core import Batch, ConfigurationError
+from nvdd.core import ConfigurationError
 
-if TYPE_CHECKING:
-    from nvdd.dynamics._base import BaseDynamics
+__all__ = ["PER_ATOM_OUTPUTS", "Hook", "HookScope", "HookStage"]
 
-__all__ = ["Hook", "HookContext", "HookScope", "HookStage"]
+#: Per-atom model outputs the integrator keeps in ``batch.atom_extras`` when the
+#: model returns them (they migrate with their atoms and reach hooks and
+#: trajectory writers): ``atom_energies`` ``(n_atoms,)`` and ``atom_virials``
+#: ``(n_atoms, 3, 3)`` (summing to the system virial, ``-dE/d strain``; only
+#: models that say so return them, e.g. ``LJConfig(atom_virials=True)``). A hook
+#: may name them in ``needs``: a model that does not return one is then an error.
+PER_ATOM_OUTPUTS = ("atom_energies", "atom_virials")
 
 
 class HookStage(enum.Enum):
@@ -44,33 +49,6 @@ class HookScope(enum.Enum):
 
 
 @dataclass(frozen=True)
-class HookContext:
-    """What a hook callback receives.
-
-    Attributes
-    ----------
-    batch:
-        The batch of the hook's scope (owned atoms for LOCAL, the whole system in
-        atom-id order for GLOBAL / RANK_ZERO).
-    step:
-        Steps completed so far (0 before the first step).
-    stage:
-        The stage running.
-    dynamics:
-        The inner integrator.
-    rank, world_size:
-        Place of this process in the decomposition (0 and 1 in a single process).
-    """
-
-    batch: Batch
-    step: int
-    stage: HookStage
-    dynamics: BaseDynamics
-    rank: int = 0
-    world_size: int = 1
-
-
-@dataclass(frozen=True)
 class Hook:
     """One registered callback.
 
@@ -96,7 +74,7 @@ class Hook:
     """
 
     stage: HookStage
-    fn: Callable[[HookContext], Any]
+    fn: Callable[[Any], Any]  # (a HookContext: see _base)
     every: int = 1
     scope: HookScope = HookScope.LOCAL
     needs: frozenset[str] = frozenset()
@@ -110,8 +88,6 @@ class Hook:
             raise ConfigurationError(f"Hook.every must be an integer >= 1, got {self.every!r}")
         if not callable(self.fn):
             raise ConfigurationError(f"Hook.fn must be callable, got {self.fn!r}")
-        from nvdd.dynamics._base import PER_ATOM_OUTPUTS  # (_base imports this module)
-
         accepted = ("energy", "stress", *PER_ATOM_OUTPUTS)
         bad = set(self.needs) - set(accepted)
         if bad:

@@ -42,9 +42,8 @@ from nvdd.core import (
 from nvdd.dynamics._compile import CompileMode, check_compilable, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals
-from nvdd.dynamics._finite import LazyFiniteCheck
-from nvdd.dynamics._step import StepState, compute_forces
-from nvdd.dynamics._step_decision import decision_code, read_decision
+from nvdd.dynamics._finite import LazyFiniteCheck, decision_code, read_decision
+from nvdd.dynamics._step import Reducer, StepState, compute_forces
 from nvdd.spec import AdapterRegistry, MLIPSpec, ModelContract, StrategyKind, as_model
 
 if TYPE_CHECKING:
@@ -111,6 +110,10 @@ class _Timer:
         t1 = time.perf_counter()
         self.stats.seconds[phase] += t1 - t0
         return t1
+
+
+def _no_hooks(dyn: Any, stage: Any, hooks: Any) -> None:
+    """The hook runner of a direct call's state (it runs no hooks)."""
 
 
 class ProviderBase(abc.ABC):
@@ -181,8 +184,7 @@ class ProviderBase(abc.ABC):
         self._sharded: State | None = None
         self._finite = LazyFiniteCheck()
         self.pending: PendingTotals | None = None
-        # __call__'s state of the step phases, and the phases' bookkeeping
-        self._st: StepState | None = None
+        # the phases' bookkeeping
         self._counting: AbstractContextManager[Counter[str]] | None = None
         self._counts: Counter[str] = Counter()
         self._graphs_at_open: int | None = None
@@ -243,10 +245,9 @@ class ProviderBase(abc.ABC):
         sharded = self.sharded
         if batch is not sharded.local_batch:  # a caller that keeps its own batch
             sharded.local_batch = batch
-        st = self._st
-        if st is None or st.owner is not sharded:
-            st = self._st = StepState(sharded)
-        outputs = compute_forces(self, st)
+        # (the integrator's step runs the phases over its own StepState; a
+        # direct call gets a state of its own, with no reducer or hooks to use)
+        outputs = compute_forces(self, StepState(sharded, self, Reducer(), _no_hooks))
         return sharded.local_batch, outputs
 
     def open(self, st: StepState) -> None:

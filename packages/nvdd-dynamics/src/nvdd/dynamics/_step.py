@@ -1,71 +1,114 @@
 """The MD step, in one place: named phases over one :class:`StepState`.
 
-Forces at the current positions are five phases of the force provider::
+:func:`step` is the whole step, single-process and decomposed alike::
 
-    provider.open(st)         # count the call, start the phase timers
-    if provider.decide(st):   # one all-reduce of a flag: skin used up (or a non-finite value)
-        provider.rebuild(st)  # migrate atoms, plan the halo, build the padded batch
-    provider.exchange(st)     # forward exchange: ghost positions -> st.padded
-    provider.forward(st)      # the model on [owned | ghost] rows -> st.raw
-    provider.fold(st)         # reverse fold of ghost forces, consolidation by the spec
-    provider.close(st)
+    hooks                        BEFORE_STEP
+    dyn.pre_update()             integrate, first half (drift)
+    provider.decide(st)          one all-reduce of a flag: skin used up, or non-finite values
+    provider.rebuild(st)         if so: migrate atoms, plan the halo, build the padded rows
+    provider.exchange(st)        forward exchange: ghost positions -> st.padded
+    provider.forward(st)         the model on [owned | ghost] rows -> st.raw
+    provider.fold(st)            reverse fold of ghost forces, consolidation by the spec
+    dyn.post_update()            integrate, second half (kick)
+    hooks                        AFTER_STEP (and those of every stage in between)
 
-On one process (or one rank running the whole batch) ``decide`` is False and
-``exchange`` / ``fold`` only shape the model's own call.
+The :class:`StepState` carries who does what (provider, reducer, hook runner,
+heartbeat, the owner of the atoms) and what the phases hand each other. One
+process steps through the integrator's own state, whose provider runs the model
+on the whole batch (``decide`` is False, ``exchange`` and ``fold`` are no-ops);
+``DomainParallel`` binds its own state (:meth:`BaseDynamics.bind`) from
+``partition`` to ``close``: the integrator's ``batch`` and ``reducer`` read
+the state it is bound to, and nothing of the integrator is swapped
+(``docs/decisions/0062-step-state.md``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nvdd.core import Batch, ModelOutputs
+import torch
 
-__all__ = ["PhasedProvider", "StateOwner", "StepState", "compute_forces"]
+from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, get_rank
+from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookStage
+
+__all__ = [
+    "ForceProvider",
+    "HookRunner",
+    "Integrator",
+    "PhasedProvider",
+    "Reducer",
+    "StateOwner",
+    "StepState",
+    "compute",
+    "compute_forces",
+    "ensure_forces",
+    "fire",
+    "run",
+    "step",
+]
+
+_ENERGY_KEYS = ("energy", "stress")
 
 
-class StateOwner(Protocol):
-    """Holds an integrator's atom state (``local_batch``, read and written).
+class Reducer:
+    """Sums and maxima of small tensors over every atom of the system.
 
-    On one process the integrator owns it; under ``DomainParallel`` the
-    :class:`~nvdd.partition.ShardedBatch` does, so migration and the integrator
-    never hold two copies that must be re-synced.
+    The single-process reducer is the identity; the distributed one (bound by
+    DomainParallel) all-reduces over the mesh, so integrators that need global
+    quantities (FIRE's power, a thermostat's temperature) work unchanged.
     """
 
-    local_batch: Batch
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over all ranks (identity here)."""
+        return t
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        """Element-wise max of ``t`` over all ranks (identity here)."""
+        return t
+
+    def sum_with_totals(
+        self, t: torch.Tensor, names: Iterable[str], known: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``t`` summed over ranks and the model's per-system totals ``names``, in
+        one reduction (an integrator's declared once-per-step reduction).
+
+        Parameters
+        ----------
+        t:
+            This process's share of the integrator's sums (any shape).
+        names:
+            Per-system model outputs wanted (e.g. ``"energy"``, ``"stress"``).
+        known:
+            Outputs of the last force computation that are already whole (in a
+            single process: all of them).
+
+        Returns
+        -------
+        (torch.Tensor, dict)
+            The summed ``t`` and the totals of ``names`` that exist (a name the
+            model does not return is left out). Here: ``t`` and ``known``.
+        """
+        return t, {n: known[n] for n in names if n in known}
 
 
-@dataclass(eq=False, slots=True)
-class StepState:
-    """What the phases of one step hand each other.
+class ForceProvider(Protocol):
+    """Computes model outputs for the integrator's batch in one call.
 
-    Attributes
-    ----------
-    owner:
-        Holds this rank's owned atoms (``owner.local_batch``; a migration
-        replaces them).
-    padded:
-        Positions of the ``[owned | ghost]`` rows after the exchange, shape
-        ``(n_owned + n_ghost, 3)`` (the owned positions on one process).
-    raw:
-        The model's outputs on those rows, before the fold.
-    t0:
-        Start of the phase being timed (``time.perf_counter``).
+    Returns the batch to continue with (a distributed provider may migrate atoms
+    and return different owned rows) and the outputs for its rows. Forces are
+    always returned; a distributed provider may leave out per-system totals that
+    need a reduction (they are reduced on demand, when a hook needs them). The
+    step runs such a provider as the ``forward`` phase of :class:`PhasedProvider`.
     """
 
-    owner: StateOwner
-    padded: Any = None
-    raw: Any = None
-    t0: float = 0.0
-
-    @property
-    def batch(self) -> Batch:
-        """This rank's owned atoms."""
-        return self.owner.local_batch
+    def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]: ...
 
 
 class PhasedProvider(Protocol):
-    """A force provider that exposes the phases of a force computation."""
+    """A force provider that exposes the phases of a force computation
+    (:func:`compute_forces`); each reads and writes the :class:`StepState`."""
 
     def open(self, st: StepState) -> None: ...
 
@@ -82,12 +125,158 @@ class PhasedProvider(Protocol):
     def close(self, st: StepState) -> None: ...
 
 
-def compute_forces(provider: PhasedProvider, st: StepState) -> ModelOutputs:
-    """Outputs for the owned atoms at their current positions (module notes).
+class StateOwner(Protocol):
+    """Holds an integrator's atom state (``local_batch``, read and written).
 
-    **Collective** under domain decomposition (every rank calls it once per
-    force computation); ``st.batch`` afterwards holds the rows they belong to.
+    On one process the integrator owns it; under ``DomainParallel`` the
+    :class:`~nvdd.partition.ShardedBatch` does, so migration and the integrator
+    never hold two copies that must be re-synced.
     """
+
+    local_batch: Batch
+
+
+#: Runs the due hooks of a stage: ``run_hooks(dyn, stage, due)``.
+HookRunner = Callable[[Any, HookStage, list[Hook]], None]
+
+
+@dataclass(eq=False, slots=True)
+class StepState:
+    """Who does what in an integrator's step, and what the phases hand each other.
+
+    Attributes
+    ----------
+    owner:
+        Holds this rank's owned atoms (``owner.local_batch``; a migration
+        replaces them).
+    provider:
+        The force phases (:class:`PhasedProvider`).
+    reducer:
+        Global sums for the integrator (identity on one process).
+    run_hooks:
+        Runs the due hooks of a stage (scopes, gathers and agreement under DD).
+    heartbeat:
+        Called with ``(step_count, phase)`` at every hook stage, and again after
+        due hooks ran (``"<stage> hooks done"``): a watchdog's progress beats.
+    forces_ready:
+        Forces at the current positions are in the batch (the first step does
+        not compute them again).
+    padded:
+        Positions of the ``[owned | ghost]`` rows after the exchange, shape
+        ``(n_owned + n_ghost, 3)`` (the owned positions on one process).
+    raw:
+        The model's outputs on those rows, before the fold.
+    t0:
+        Start of the phase being timed (``time.perf_counter``).
+    """
+
+    owner: StateOwner
+    provider: PhasedProvider
+    reducer: Reducer
+    run_hooks: HookRunner
+    heartbeat: Callable[[int, str], None] | None = None
+    forces_ready: bool = False
+    padded: Any = None
+    raw: Any = None
+    t0: float = 0.0
+
+    @property
+    def batch(self) -> Batch:
+        """This rank's owned atoms."""
+        return self.owner.local_batch
+
+
+class _Graphs(Protocol):
+    def run_step(self) -> bool: ...
+
+
+class Integrator(Protocol):
+    """What the step needs of an integrator (``BaseDynamics``)."""
+
+    model: Any
+    step_count: int
+    converged: bool
+    hooks: list[Hook]
+    outputs: dict[str, torch.Tensor]
+
+    @property
+    def graphs(self) -> _Graphs: ...
+
+    @property
+    def batch(self) -> Batch: ...
+
+    @batch.setter
+    def batch(self, batch: Batch) -> None: ...
+
+    def pre_update(self) -> None: ...
+
+    def post_update(self) -> None: ...
+
+    def is_converged(self) -> bool: ...
+
+
+# ----------------------------------------------------------------- the step
+def step(dyn: Integrator, st: StepState) -> None:
+    """One step of ``dyn`` through ``st``, every hook stage included (module notes).
+
+    **Collective** under domain decomposition (every rank steps together).
+    """
+    ensure_forces(dyn, st)
+    fire(dyn, st, HookStage.BEFORE_STEP)
+    if not dyn.graphs.run_step():  # a replay of the captured middle, when steady
+        fire(dyn, st, HookStage.BEFORE_PRE_UPDATE)
+        dyn.pre_update()  # integrate, first half
+        fire(dyn, st, HookStage.AFTER_PRE_UPDATE)
+        fire(dyn, st, HookStage.BEFORE_COMPUTE)
+        p = st.provider
+        p.open(st)
+        if p.decide(st):  # skin used up somewhere (one all-reduce of a flag)
+            p.rebuild(st)  # migrate, plan, build
+        p.exchange(st)  # forward exchange of ghost positions
+        p.forward(st)  # forces on [owned | ghost]
+        outputs = p.fold(st)  # reverse fold, consolidation
+        p.close(st)
+        _store(dyn, st, outputs)
+        fire(dyn, st, HookStage.AFTER_COMPUTE)
+        fire(dyn, st, HookStage.BEFORE_POST_UPDATE)
+        dyn.post_update()  # integrate, second half
+        fire(dyn, st, HookStage.AFTER_POST_UPDATE)
+    dyn.step_count += 1
+    fire(dyn, st, HookStage.AFTER_STEP)
+    if dyn.is_converged():
+        dyn.converged = True
+        fire(dyn, st, HookStage.ON_CONVERGE)
+
+
+def run(dyn: Integrator, st: StepState, n_steps: int) -> bool:
+    """Up to ``n_steps`` steps, stopping early at convergence; returns ``converged``.
+
+    Convergence is tested first (as ASE's optimisers do): a minimiser whose
+    structure already meets its criterion takes no step (it fires
+    ``ON_CONVERGE`` and returns True). Stepping anyway moved such a
+    structure along the direction of forces at the rounding level (FIRE's
+    velocity mixing divides by ``|F|``), i.e. along noise, and a decomposed
+    run and one process moved it differently.
+    """
+    if n_steps < 0:
+        raise ConfigurationError(f"n_steps must be >= 0, got {n_steps}")
+    if n_steps:
+        ensure_forces(dyn, st)
+        if dyn.is_converged():
+            dyn.converged = True
+            fire(dyn, st, HookStage.ON_CONVERGE)
+            return True
+    for _ in range(n_steps):
+        step(dyn, st)
+        if dyn.converged:
+            break
+    return dyn.converged
+
+
+def compute_forces(provider: PhasedProvider, st: StepState) -> ModelOutputs:
+    """Outputs for the owned atoms at their current positions: the force phases
+    of :func:`step` in order. **Collective** under domain decomposition;
+    ``st.batch`` afterwards holds the rows they belong to."""
     provider.open(st)
     if provider.decide(st):
         provider.rebuild(st)
@@ -96,3 +285,72 @@ def compute_forces(provider: PhasedProvider, st: StepState) -> ModelOutputs:
     outputs = provider.fold(st)
     provider.close(st)
     return outputs
+
+
+def compute(dyn: Integrator, st: StepState) -> None:
+    """Forces (and every other output) at the current positions, stored in the
+    batch and ``dyn.outputs`` (:func:`compute_forces`, then the store of :func:`step`)."""
+    _store(dyn, st, compute_forces(st.provider, st))
+
+
+def ensure_forces(dyn: Integrator, st: StepState) -> None:
+    """Compute forces at the current positions if not done yet (t = 0)."""
+    if not st.forces_ready:
+        compute(dyn, st)
+
+
+def _store(dyn: Integrator, st: StepState, out: ModelOutputs) -> None:
+    """Forces, energy and stress into the batch, the per-atom outputs of
+    :data:`PER_ATOM_OUTPUTS` the model returned into ``batch.atom_extras``;
+    every whole output kept in ``dyn.outputs``."""
+    if "forces" not in out:
+        raise ValidationError(
+            f"{type(dyn.model).__name__} returned no 'forces' (got {sorted(out)})"
+        )
+    batch = st.batch
+    outputs = {k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    fields: dict[str, Any] = {"forces": outputs["forces"]}
+    fields.update({k: outputs[k] for k in _ENERGY_KEYS if k in outputs})
+    kept = {
+        k: outputs[k]
+        for k in PER_ATOM_OUTPUTS
+        if k in outputs and outputs[k].shape[:1] == (batch.n_atoms,)
+    }
+    if kept:
+        fields["atom_extras"] = {**batch.atom_extras, **kept}
+    st.owner.local_batch = batch.replace(**fields)
+    dyn.outputs = outputs
+    st.forces_ready = True
+
+
+def fire(dyn: Integrator, st: StepState, stage: HookStage) -> None:
+    """Beat the heartbeat and run the hooks of ``stage`` that are due."""
+    beat = st.heartbeat
+    if beat is not None:
+        beat(dyn.step_count, stage.value)
+    due = [h for h in dyn.hooks if h.stage is stage and h.due(dyn.step_count)]
+    if due:
+        _check_per_atom_needs(dyn, st, stage, due)
+        st.run_hooks(dyn, stage, due)
+        if beat is not None:
+            beat(dyn.step_count, f"{stage.value} hooks done")
+
+
+def _check_per_atom_needs(
+    dyn: Integrator, st: StepState, stage: HookStage, hooks: list[Hook]
+) -> None:
+    """Raise if a due hook needs a per-atom output the model did not return.
+
+    Local: every rank holds the same model, so every rank raises together.
+    """
+    kept = st.batch.atom_extras
+    for hook in hooks:
+        missing = sorted(n for n in hook.needs if n in PER_ATOM_OUTPUTS and n not in kept)
+        if missing:
+            name = getattr(hook.fn, "__name__", hook.fn)
+            raise ConfigurationError(
+                f"rank {get_rank()}: a {stage.value} hook ({name!r}) "
+                f"needs {missing}, which {type(dyn.model).__name__} does not return (its "
+                f"outputs: {sorted(dyn.outputs)}); per-atom virials come from models that "
+                "say so, e.g. LennardJones(LJConfig(..., atom_virials=True))"
+            )
