@@ -14,6 +14,7 @@ is written twice. Sessions:
                   docs/decisions/0075-one-ci-environment.md says what the per-package
                   sessions still add)
 - ``ci``          the README's test command: deps, lint, checks, docs
+- ``sevenn``      nvdd-models' SevenNet tests with the ``[sevenn]`` extra (own environment)
 - ``docs``        the docs site (MkDocs, strict: warnings, broken links, undocumented API fail)
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
@@ -81,6 +82,8 @@ LAYERED = sorted(
     (n for n in PACKAGES if n in ROOT_CFG["layers"]), key=lambda n: (ROOT_CFG["layers"][n], n)
 )
 TESTED = [n for n in (*LAYERED, *sorted(ROOT_CFG["test-only"])) if n in PACKAGES]
+#: Extras installed only by their own session (their pins clash with another extra's).
+OWN_SESSION_EXTRAS: dict[str, list[str]] = ROOT_CFG.get("own-session-extras", {})
 
 
 def _closure(
@@ -102,8 +105,9 @@ def _closure(
         info = PACKAGES[name]
         reqs = list(info["deps"])  # type: ignore[call-overload]
         if extras:
-            for extra in info["extras"].values():  # type: ignore[attr-defined]
-                reqs += extra
+            for key, extra in info["extras"].items():  # type: ignore[attr-defined]
+                if key not in OWN_SESSION_EXTRAS.get(name, ()):  # (they clash: own sessions)
+                    reqs += extra
         if start:
             for g in groups:
                 reqs += info["groups"].get(g, [])  # type: ignore[attr-defined]
@@ -275,6 +279,23 @@ def checks(session: nox.Session) -> None:
         session.run("pytest", "-q", "integration_tests", *session.posargs)
 
 
+@nox.session(venv_params=VENV_PARAMS)
+def sevenn(session: nox.Session) -> None:
+    """SevenNet (``nvdd-models[sevenn]``) in its own environment: sevenn needs
+    e3nn >= 0.5 and mace-torch 0.3.16 pins 0.4.4, so the extra is in no other
+    session. Runs packages/nvdd-models/tests_sevenn (a missing module fails)."""
+    models = PACKAGES["nvdd-models"]
+    _install(
+        session,
+        ["nvdd-models", "nvdd-dynamics", "nvdd-testing"],
+        groups=(),
+        more=(*models["extras"]["sevenn"], "numpy>=1.24", "ase>=3.23"),  # type: ignore[index]
+    )
+    session.env["NVDD_REQUIRE_EXTRAS"] = "1"
+    tests = models["path"] / "tests_sevenn"  # type: ignore[operator]
+    session.run("pytest", "-q", str(tests), *session.posargs)
+
+
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """The README's test command: deps, lint, checks (typecheck and tests of every
@@ -282,6 +303,7 @@ def ci(session: nox.Session) -> None:
     session.notify("deps")
     session.notify("lint")
     session.notify("checks")
+    session.notify("sevenn")
     session.notify("docs")
 
 

@@ -19,6 +19,10 @@
 - :class:`MACEModel`: any mace-torch ``MACE`` / ``ScaleShiftMACE`` (the optional
   ``nvdd-models[mace]`` extra; :func:`load_mace` reads a saved ``.model`` file,
   :func:`build_mace` builds a random one from a :class:`MACEConfig`).
+- :class:`SevenNetModel`: a SevenNet potential (the optional ``nvdd-models[sevenn]``
+  extra, its own environment: sevenn needs e3nn >= 0.5, mace-torch 0.3.16 pins 0.4.4),
+  from a checkpoint file or built from its configuration; it runs unmodified under
+  DD on a receptive-field halo (``nvdd.spec.receptive_field_spec``).
 
 Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
 its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_MACE_HALO``, ``SPEC_EWALD_HALO``,
@@ -40,6 +44,7 @@ from nvdd.models._mpnn import MPNNConfig, ReferenceMPNN
 from nvdd.models._neighbors import EdgeList, NeighborList
 from nvdd.models._pipeline import PipelineModel
 from nvdd.models._pme import ParticleMeshEwald
+from nvdd.models._sevenn import SevenNetModel
 from nvdd.models._verlet import VerletList
 
 __all__ = [
@@ -63,6 +68,7 @@ __all__ = [
     "ParticleMeshEwald",
     "PipelineModel",
     "ReferenceMPNN",
+    "SevenNetModel",
     "VerletList",
     "assign_charges",
     "build_mace",
