@@ -30,6 +30,16 @@ system (a wrong ghost set would make the prediction meaningless).
 
     python benchmarks/predict_scaling.py --device cuda --cells 63 100 --dtype float32 float64
     python benchmarks/predict_scaling.py --quick          # CPU, seconds
+    python benchmarks/predict_scaling.py --device cuda --model mace --cells 48 \\
+        --dtype float32 --grids 2x1x1 2x2x1 2x2x2 --cueq    # MACE medium, 110k atoms
+    python benchmarks/predict_scaling.py --quick --model mace   # tiny MACE on the CPU
+
+``--model mpnn`` (the reference MPNN on the same argon) and ``--model mace``
+(MACE of benchmarks/bench_mace.py's ``--mace-size`` shape, random weights, on its
+silica-like box of ``cells**3`` sites; ``--cueq`` for cuEquivariance's kernels)
+run each rank's model inside a DD context whose ghost rows copy owned rows, with
+the model's spec adapters installed, and add one exchange of the ghosts'
+features per refresh and per fold to the communication term.
 
 Rows go to ``benchmarks/results/scaling-predicted-lj.json`` (``--out``); the
 benchmarks page renders them (``benchmarks/render.py``).
@@ -64,11 +74,43 @@ SHIFTS = [(a, b, c) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)]
 
 #: The reference MPNN's shape (as benchmarks/bench_dp.py runs it).
 MPNN = {"cutoff": 5.0, "hidden": 32, "n_layers": 2}
+#: MACE's shape (a size of benchmarks/bench_mace.py: ``medium``, or ``tiny`` for CPU checks)
+#: and whether it runs cuEquivariance's kernels; set by ``main`` (``--mace-size``, ``--cueq``).
+MACE: dict[str, Any] = {"size": "medium", "cueq": False}
+#: MACE's time step (fs), as benchmarks/bench_mace.py runs it.
+MACE_DT_FS = 0.5
+
+
+def _mace_shape() -> tuple[int, int]:
+    """MACE's ghost-feature width (floats per row of ``node_feats``) and interactions."""
+    from e3nn import o3
+
+    from benchmarks.bench_mace import SIZES
+
+    size = SIZES[MACE["size"]]
+    return o3.Irreps(size["hidden_irreps"]).dim, int(size.get("num_interactions", 2))
+
+
+def system(kind: str, cells: int, device: str, dtype: torch.dtype) -> Any:
+    """The benchmark system of ``kind``: FCC argon (``cells**3`` cubic cells) for LJ
+    and the MPNN, the silica-like box of benchmarks/bench_mace.py (``cells**3``
+    sites) for MACE."""
+    if kind == "mace":
+        from benchmarks.bench_mace import silica
+
+        return silica((cells, cells, cells), dtype, device)
+    return harness.argon_fcc(cells, device=device, dtype=dtype, temperature_K=90.0)
 
 
 def _model(device: str, dtype: torch.dtype, kind: str = "lj") -> Any:
     from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
 
+    if kind == "mace":
+        from benchmarks.bench_mace import build
+        from nvdd.models import MACEModel
+
+        mace = build(MACE["size"], dtype)
+        return MACEModel(mace, dtype=dtype, device=device, cueq=MACE["cueq"], skin=SKIN)
     if kind == "mpnn":
         config = MPNNConfig(
             cutoff=MPNN["cutoff"],
@@ -149,10 +191,14 @@ class _Scoped:
 
     def __init__(self, model: Any, n_owned: int, n_ghost: int, device: str) -> None:
         from nvdd.shardtensor import SelfImageLayout
+        from nvdd.spec import AdapterRegistry
 
         self.inner = model
         source = torch.arange(n_ghost, device=device) % max(1, n_owned)
         self.layout = SelfImageLayout(n_owned, source)
+        # the spec's adapters (MACE: owned receivers, a refresh per interaction),
+        # installed as the runtime installs them while a distributed model is attached
+        self.registry = AdapterRegistry(model.distribution_spec("halo").adapters())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -199,15 +245,24 @@ def time_rank(
     scoped: bool = False,
 ) -> dict[str, float]:
     """ms per phase of one rank's steady step (the exchanges as device copies;
-    ``scoped``: the model runs inside a DD context, see :class:`_Scoped`)."""
+    ``scoped``: the model runs inside a DD context, see :class:`_Scoped`, and
+    ``adapters`` counts its spec's adapters that were applied)."""
     from nvdd.dynamics import VelocityVerlet
 
     local = local_system(batch, owned, src, shift, pbc)
     n_o, n_g = owned.numel(), src.numel()
+    dt_fs, adapters = DT_FS, {}
     if scoped:
         model = _Scoped(model, n_o, n_g, device)
-    dyn = VelocityVerlet(model, local, dt_fs=DT_FS, cuda_graphs=graphs and not scoped)
-    model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
+        model.registry.install()
+        adapters = {"adapters": sum(s.applied for s in model.registry.statuses)}
+        dt_fs = MACE_DT_FS if type(model.inner).__name__ == "MACEModel" else DT_FS
+    try:
+        dyn = VelocityVerlet(model, local, dt_fs=dt_fs, cuda_graphs=graphs and not scoped)
+        model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
+    finally:
+        if scoped:
+            model.registry.restore()
 
     pos = dyn.batch.positions
     source = batch.positions.clone()
@@ -238,6 +293,7 @@ def time_rank(
         "exchange_ms": _timed(exchange, steps, warmup, device),
         "fold_ms": _timed(fold, steps, warmup, device),
         "check_ms": _timed(check, steps, warmup, device),
+        **adapters,
     }
 
 
@@ -262,16 +318,24 @@ def predict(
 
     ``kind="mpnn"``: the reference MPNN, each rank's model inside a DD context
     (:class:`_Scoped`), its feature refreshes added to the communication term;
-    its owned forces are not checked (ghost features are stand-ins)."""
+    its owned forces are not checked (ghost features are stand-ins).
+    ``kind="mace"``: MACE (:data:`MACE`) on the silica-like box, as the MPNN
+    and with its spec's adapters installed; eager steps (no CUDA graphs)."""
     from nvdd.dynamics import VelocityVerlet
 
     dtype = getattr(torch, dtype_name)
-    batch = harness.argon_fcc(cells, device=device, dtype=dtype, temperature_K=90.0)
+    batch = system(kind, cells, device, dtype)
     model = _model(device, dtype, kind)
-    mpnn = kind == "mpnn"
+    mpnn = kind in ("mpnn", "mace")
+    if kind == "mace":
+        graphs = False
+        feat_width, n_layers = _mace_shape()
+    else:
+        feat_width, n_layers = MPNN["hidden"], MPNN["n_layers"]
     cutoff = float(model.cutoff)
     n = batch.n_atoms
-    raw = VelocityVerlet(model, batch.clone(), dt_fs=DT_FS, cuda_graphs=graphs)
+    dt_fs = MACE_DT_FS if kind == "mace" else DT_FS
+    raw = VelocityVerlet(model, batch.clone(), dt_fs=dt_fs, cuda_graphs=graphs)
     raw_ms = _timed(lambda: raw.run(1), steps, warmup, device)
     raw = None  # free its buffers before the ranks run
     base = {"model": kind, "cells": cells, "dtype": dtype_name, "atoms": n}
@@ -310,7 +374,7 @@ def predict(
                     pbc=pbc,
                     scoped=mpnn,
                 )
-                t["total_ms"] = sum(t.values())
+                t["total_ms"] = sum(v for k, v in t.items() if k.endswith("_ms"))
                 per_rank.append(
                     {"owned": owned.numel(), "ghost": src.numel(), "force_err": err, **t}
                 )
@@ -319,8 +383,8 @@ def predict(
             wire_ms = sent / (bandwidth_gbs * 1e9) * 1e3
             comm_ms = 2 * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
             if mpnn:  # a refresh per layer but the last, and its adjoint (a fold)
-                features = max(r["ghost"] for r in per_rank) * MPNN["hidden"] * itemsize
-                refreshes = 2 * (MPNN["n_layers"] - 1)
+                features = max(r["ghost"] for r in per_rank) * feat_width * itemsize
+                refreshes = 2 * (n_layers - 1)
                 comm_ms += refreshes * (latency_us * 1e-3 + features / (bandwidth_gbs * 1e9) * 1e3)
             predicted = slow["total_ms"] + comm_ms
             rows.append(
@@ -352,7 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cells", type=int, nargs="+", default=[63, 100])
     p.add_argument("--dtype", nargs="+", default=["float32", "float64"])
-    p.add_argument("--model", choices=("lj", "mpnn"), default="lj")
+    p.add_argument("--model", choices=("lj", "mpnn", "mace"), default="lj")
+    p.add_argument("--mace-size", choices=("medium", "small", "tiny"), default="medium")
+    p.add_argument("--cueq", action="store_true", help="MACE with cuEquivariance's kernels")
     p.add_argument("--grids", nargs="+", default=list(GRIDS), help="rank grids, e.g. 2x1x1")
     p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--steps", type=int, default=100)
@@ -374,6 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.cells, args.grids, args.steps, args.warmup = [4], ["2x1x1"], 3, 1
         args.dtype = ["float64"]
+        if args.model == "mace":  # the tiny shape on a 6^3-site box (a 2x1x1 halo fits)
+            args.cells, args.mace_size = [6], "tiny"
+    MACE.update(size=args.mace_size, cueq=args.cueq)
+    if args.calibrate and args.model == "mace":
+        p.error("--calibrate runs LJ or the MPNN (benchmarks/bench_dp.py), not MACE")
     if args.calibrate:
         from nvdd.core import init_distributed
 
@@ -418,7 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     path = harness.write_result(
         args.name or f"scaling-predicted-{args.model}",
-        title=("LJ argon" if args.model == "lj" else "The reference MPNN on argon")
+        title={
+            "lj": "LJ argon",
+            "mpnn": "The reference MPNN on argon",
+            "mace": f"MACE ({args.mace_size} shape, random weights"
+            + (", cuEquivariance" if args.cueq else "")
+            + ") on silica",
+        }[args.model]
         + ": the P-GPU step predicted from one GPU (each rank's rows run in turn)",
         command=command.strip(),
         rows=rows,

@@ -825,6 +825,48 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def predicted_scaling_mace(doc: dict[str, Any]) -> str:
+    """MACE's P-GPU step predicted from one GPU (predict_scaling.py --model mace)."""
+    rows = doc["rows"]
+    out = [
+        "## Scaling predicted from one GPU: MACE",
+        "",
+        f"{doc['title']}. As for the MPNN: each rank's model runs inside a DD context",
+        "whose ghost rows copy owned rows, with the model's spec adapters installed",
+        "(edges into owned rows only, the symmetric contraction on owned rows, one",
+        "`node_feats` refresh per interaction after the first); the communication term",
+        "adds one exchange of the ghosts' features per refresh and per fold. Eager steps.",
+    ]
+    head = ["grid", "owned / rank", "ghost rows", "ghost / owned", "model ms", "comm ms"]
+    head += ["predicted ms", "speed-up", "overhead", "model share"]
+    for cells, dtype in dict.fromkeys((r["cells"], r["dtype"]) for r in rows):
+        mine = [r for r in rows if r["cells"] == cells and r["dtype"] == dtype]
+        raw = next(r for r in mine if r.get("grid") is None)
+        body = [
+            [
+                r["grid"],
+                atoms(r["owned_max"]),
+                atoms(r["ghost_max"]),
+                num(100 * r["ghost_max"] / r["owned_max"], 0) + " %",
+                num(r["slowest"]["model_ms"]),
+                num(r["comm_ms"]),
+                num(r["predicted_ms"]),
+                num(r["speedup"]) + "x",
+                num(r["overhead"]),
+                num(100 * r["slowest"]["model_ms"] / r["slowest"]["total_ms"], 0) + " %",
+            ]
+            for r in mine
+            if r.get("grid") is not None
+        ]
+        out += [
+            "",
+            f"**{atoms(raw['atoms'])} atoms, {dtype}**: raw one-GPU step {num(raw['raw_ms'])} ms.",
+            "",
+            table(head, body, [False] + [True] * 9),
+        ]
+    return "\n".join([*out, "", f"*{source(doc)}*", ""])
+
+
 VALIDATE_COMMAND = (
     "python benchmarks/validate_scaling.py --device cuda --model lj --cells 63 "
     "--dtype float32 --ranks 2 4 8"
@@ -926,6 +968,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("receptive-field-cpu",), receptive_field),
     (("scaling-predicted-lj",), predicted_scaling),
     (("scaling-predicted-mpnn",), predicted_scaling),
+    (("scaling-predicted-mace",), predicted_scaling_mace),
     (("scaling-predicted-lj",), validation_command),
     (("scaling-validated-lj",), validated_scaling),
     (("scaling-validated-mpnn",), validated_scaling),

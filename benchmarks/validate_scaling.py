@@ -15,6 +15,8 @@ from a second, shorter run with synchronised phase timers (the runtime's
 
     python benchmarks/validate_scaling.py --device cuda --model lj --cells 63 \\
         --dtype float32 --ranks 2 4 8
+    python benchmarks/validate_scaling.py --device cuda --model mace --cells 48 \\
+        --dtype float32 --ranks 2 4 8 --cueq              # MACE medium, 110k atoms
     python benchmarks/validate_scaling.py --device cpu --cells 4 --ranks 2 \\
         --steps 3 --warmup 1                                # gloo CPU ranks, seconds
 
@@ -58,10 +60,11 @@ def measure_rank(
     warmup: int,
     device: str,
     graphs: bool,
+    mace: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One rank of the measured run (called on every rank of the process group):
     its steady ms per step, its phases (ms per step, synchronised timers) and its
-    owned and ghost rows."""
+    owned and ghost rows. ``mace``: :data:`predict_scaling.MACE` of the caller."""
     import torch.distributed as dist
 
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
@@ -70,10 +73,15 @@ def measure_rank(
     if device.startswith("cuda"):
         device = f"cuda:{torch.cuda.current_device()}"
     dtype = getattr(torch, dtype_name)
+    ps.MACE.update(mace or {})
     # rank 0 holds the system; partition() scatters it
-    batch = harness.argon_fcc(cells if rank == 0 else 1, device=device, dtype=dtype)
+    batch = ps.system(kind, cells if rank == 0 else 1, device, dtype)
     model = ps._model(device, dtype, kind)
-    dyn = VelocityVerlet(model, batch, dt_fs=ps.DT_FS, cuda_graphs=graphs)
+    if kind == "mace":  # as the prediction runs it
+        graphs, dt_fs = False, ps.MACE_DT_FS
+    else:
+        dt_fs = ps.DT_FS
+    dyn = VelocityVerlet(model, batch, dt_fs=dt_fs, cuda_graphs=graphs)
     config = DomainConfig(
         cutoff=float(model.cutoff), skin=ps.SKIN, grid_dims=(grid[0], grid[1], grid[2])
     )
@@ -223,6 +231,7 @@ def validate(
             warmup,
             "cuda" if cuda else device,
             graphs,
+            dict(ps.MACE),
             backend="nccl" if cuda else "gloo",
             start_method="spawn" if cuda else "forkserver",
             timeout_s=timeout_s,
@@ -234,7 +243,9 @@ def validate(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--model", choices=("lj", "mpnn"), default="lj")
+    p.add_argument("--model", choices=("lj", "mpnn", "mace"), default="lj")
+    p.add_argument("--mace-size", choices=("medium", "small", "tiny"), default="medium")
+    p.add_argument("--cueq", action="store_true", help="MACE with cuEquivariance's kernels")
     p.add_argument("--cells", type=int, nargs="+", default=[63])
     p.add_argument("--dtype", nargs="+", default=["float32"])
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
@@ -251,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="default: scaling-validated-MODEL")
     args = p.parse_args(argv)
     grids = args.grids or [GRID_OF[n] for n in args.ranks]
+    ps.MACE.update(size=args.mace_size, cueq=args.cueq)
     if args.device.startswith("cuda"):
         need = max(math.prod(int(x) for x in g.split("x")) for g in grids)
         if torch.cuda.device_count() < need:
@@ -277,7 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python benchmarks/validate_scaling.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    what = "LJ argon" if args.model == "lj" else "The reference MPNN on argon"
+    what = {
+        "lj": "LJ argon",
+        "mpnn": "The reference MPNN on argon",
+        "mace": f"MACE ({args.mace_size} shape) on silica",
+    }[args.model]
     path = harness.write_result(
         args.name or f"scaling-validated-{args.model}",
         title=f"{what}: the P-GPU step predicted from one GPU and measured on P",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,33 @@ def test_the_validation_command_predicts_and_measures_one_grid(
     assert "| lj 108, float32 | 2x1x1 | 54 |" in page
     # without its result file the page has no validation table
     assert "against the measured" not in render.render({})
+
+
+def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Path) -> None:
+    pytest.importorskip("mace")
+    with warnings.catch_warnings():  # e3nn's constants load warns under this env
+        warnings.simplefilter("ignore")
+        from mace.modules.blocks import EquivariantProductBasisBlock as Product
+
+    from benchmarks import predict_scaling as ps
+
+    original = Product.forward
+    assert ps.main(["--quick", "--model", "mace", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "scaling-predicted-mace.json").read_text())
+    assert doc["title"].startswith("MACE (tiny shape, random weights) on silica")
+    raw, faces = doc["rows"]  # under a DD context: open boundaries, no split layout
+    assert raw["ranks"] == 1 and raw["raw_ms"] > 0 and raw["atoms"] == 6**3
+    assert (faces["model"], faces["grid"], faces["layout"]) == ("mace", "2x1x1", "faces")
+    assert sum(r["owned"] for r in faces["per_rank"]) == raw["atoms"]
+    assert faces["max_force_err"] is None  # ghost features are stand-ins: not checked
+    # positions, forces, one node_feats refresh (8x0e+8x1o: 32 floats a row) and its fold
+    wire = faces["ghost_max"] * (3 + 3 + 32 + 32) * 8 / 300e9 * 1e3
+    assert faces["comm_ms"] == pytest.approx(4 * 20e-3 + 15e-3 + wire)
+    assert faces["predicted_ms"] > faces["slowest"]["model_ms"] > 0
+    # the spec's adapters (owned receivers, the refresh) ran each rank's steps, and
+    # were removed after
+    assert [r["adapters"] for r in faces["per_rank"]] == [2, 2]
+    assert Product.forward is original
+    page = render.render(render.load_results(tmp_path))
+    assert "## Scaling predicted from one GPU: MACE" in page
+    assert "| 2x1x1 | 108 | 592 |" in page
