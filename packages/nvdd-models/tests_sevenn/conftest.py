@@ -9,9 +9,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-# sevenn pulls in e3nn and torch_geometric (seconds to import): once, in the rank
-# forkserver, instead of in every rank of every world size.
-os.environ.setdefault("NVDD_SPAWN_PRELOAD", "sevenn.nn.sequential,sevenn.nn.node_embedding")
+# sevenn pulls in e3nn and torch_geometric, and nvdd.dynamics takes seconds too: all
+# imported once, in the rank forkserver, instead of in every rank of every world size.
+os.environ.setdefault(
+    "NVDD_SPAWN_PRELOAD",
+    "sevenn.nn.sequential,sevenn.nn.node_embedding,nvdd.dynamics,nvdd.models,nvdd.testing",
+)
 
 
 @pytest.fixture(autouse=True)
