@@ -96,8 +96,9 @@ class DistributedModel(ProviderBase):
         self._open_pbc: torch.Tensor | None = None  # all-False pbc of the padded batch
         self._ref_positions: torch.Tensor | None = None
         self._ref_cell: torch.Tensor | None = None
-        # (partitioner, its domain cell of _ref_cell): derived once per build
-        self._ref_domain: tuple[object, torch.Tensor] | None = None
+        # (partitioner, its domain cell of _ref_cell, the reach the skin test
+        # checks): derived once per build
+        self._ref_domain: tuple[object, torch.Tensor, float] | None = None
         self._cell_at_build = TensorMemo()
         # the partitioner the plan was built for: another one (a rebalance
         # re-cut the boxes) forces a rebuild whatever the atoms did
@@ -366,10 +367,10 @@ class DistributedModel(ProviderBase):
             d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
             moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
-            reach = self.ghost_width - self.config.hysteresis - skin
-            if self._ref_domain is None or self._ref_domain[0] is not part:
-                self._ref_domain = (part, part.domain_cell(ref_cell))  # once per build
-            ref_dom = self._ref_domain[1]
+            if self._ref_domain is None or self._ref_domain[0] is not part:  # once per build
+                reach = self.ghost_width - self.config.hysteresis - skin
+                self._ref_domain = (part, part.domain_cell(ref_cell), reach)
+            _, ref_dom, reach = self._ref_domain
             same = self._cell_at_build.same(batch.cell)  # the build's cell, unmodified
             moved = skin_exceeded(
                 pos,
