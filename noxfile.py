@@ -283,17 +283,21 @@ def checks(session: nox.Session) -> None:
 def sevenn(session: nox.Session) -> None:
     """SevenNet (``nvdd-models[sevenn]``) in its own environment: sevenn needs
     e3nn >= 0.5 and mace-torch 0.3.16 pins 0.4.4, so the extra is in no other
-    session. Runs packages/nvdd-models/tests_sevenn (a missing module fails)."""
+    session. Runs the tests_sevenn/ of nvdd-models and nvalchemi-distributed (`nvdd
+    run --model sevenn`); a missing module fails."""
     models = PACKAGES["nvdd-models"]
     _install(
         session,
-        ["nvdd-models", "nvdd-dynamics", "nvdd-testing"],
+        ["nvalchemi-distributed", "nvdd-models", "nvdd-testing"],
         groups=(),
         more=(*models["extras"]["sevenn"], "numpy>=1.24", "ase>=3.23"),  # type: ignore[index]
     )
     session.env["NVDD_REQUIRE_EXTRAS"] = "1"
-    tests = models["path"] / "tests_sevenn"  # type: ignore[operator]
-    session.run("pytest", "-q", str(tests), *session.posargs)
+    dirs = [
+        str(ROOT / "packages" / p / "tests_sevenn")
+        for p in ("nvdd-models", "nvalchemi-distributed")
+    ]
+    session.run("pytest", "-q", *dirs, *session.posargs)
 
 
 @nox.session(python=False)

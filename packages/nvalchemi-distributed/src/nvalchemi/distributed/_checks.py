@@ -196,6 +196,8 @@ def _model_elements(args: argparse.Namespace) -> list[int] | None:
 
     if not args.model_file:
         return list(BUILTIN_MACE_ELEMENTS)
+    if getattr(args, "model", "lj") != "mace":  # (a SevenNet checkpoint: read at build)
+        return None
     from nvalchemi.distributed._model_peek import mace_file_elements
 
     return mace_file_elements(args.model_file)
@@ -230,7 +232,9 @@ def _structure(args: argparse.Namespace) -> list[str]:
         return out
     known = _model_elements(args)
     if known is not None and present - set(known):
-        which = f"the model in {args.model_file}" if args.model_file else "the built-in MACE"
+        sevenn = getattr(args, "model", "lj") == "sevenn"
+        builtin = "the built-in SevenNet" if sevenn else "the built-in MACE"
+        which = f"the model in {args.model_file}" if args.model_file else builtin
         out.append(
             f"{label}: {_names(sorted(present - set(known)))} not among the elements "
             f"{which} knows ({_names(sorted(known))})"
@@ -365,7 +369,7 @@ def system_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["structure"] = str(Path(args.structure).resolve())
         else:
             opts["cells"] = args.cells
-        if model == "mace":
+        if model in ("mace", "sevenn"):
             model_file = getattr(args, "model_file", None)
             opts["model_file"] = str(Path(model_file).resolve()) if model_file else None
         else:

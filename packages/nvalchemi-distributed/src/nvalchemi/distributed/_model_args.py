@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["BUILTIN_MACE_ELEMENTS", "MODELS", "model_args_problem"]
+__all__ = ["BUILTIN_MACE_ELEMENTS", "FILE_MODELS", "MODELS", "model_args_problem"]
 
 #: ``--model`` choices.
-MODELS = ("lj", "mace")
-#: Atomic numbers of the built-in random MACE (``--model mace`` without a file): O, Si.
+MODELS = ("lj", "mace", "sevenn")
+#: The ``--model`` choices that read ``--model-file``, and what the file is.
+FILE_MODELS = {"mace": "a mace-torch model (.model)", "sevenn": "a SevenNet checkpoint (.pth)"}
+#: Atomic numbers of the built-in random MACE or SevenNet (``--model mace|sevenn``
+#: without a file): O, Si.
 BUILTIN_MACE_ELEMENTS = (8, 14)
 
 
@@ -20,8 +23,9 @@ def model_args_problem(args: argparse.Namespace) -> str | None:
     model_file = getattr(args, "model_file", None)
     if model not in MODELS:
         return f"--model must be one of {MODELS}, got {model!r}"
-    if model_file is not None and model != "mace":
-        return f"--model-file is a mace-torch model: use it with --model mace (got --model {model})"
+    if model_file is not None and model not in FILE_MODELS:
+        kinds = " or ".join(f"--model {k} ({v})" for k, v in FILE_MODELS.items())
+        return f"--model-file is a model file: use it with {kinds}, not --model {model}"
     if model_file is not None and not Path(model_file).is_file():
         return f"--model-file {model_file!r} does not exist or is not a file"
     return None

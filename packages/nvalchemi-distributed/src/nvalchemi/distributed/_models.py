@@ -1,5 +1,6 @@
-"""The models of ``nvdd run``: Lennard-Jones argon, or MACE (a saved mace-torch model
-or a built-in small random one), and the built-in system each runs on."""
+"""The models of ``nvdd run``: Lennard-Jones argon, MACE (a saved mace-torch model
+or a built-in small random one) or SevenNet (a checkpoint or a built-in small random
+one), and the built-in system each runs on."""
 
 from __future__ import annotations
 
@@ -56,6 +57,26 @@ def _demo_mace(dtype: torch.dtype) -> torch.nn.Module:
     return module
 
 
+def _sevenn(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    """``--model sevenn``: the checkpoint ``args.model_file`` (sevenn's own loader)
+    or a small random SevenNet for O and Si (weights from seed 0)."""
+    from nvalchemi.distributed._model_args import BUILTIN_MACE_ELEMENTS
+
+    models = _mace_modules()
+    kwargs = {"dtype": dtype, "device": device, "skin": args.skin}
+    path = getattr(args, "model_file", None)
+    if path:
+        return models.SevenNetModel.from_checkpoint(path, **kwargs)
+    config = {
+        "chemical_species": ["O" if z == 8 else "Si" for z in BUILTIN_MACE_ELEMENTS],
+        "cutoff": 4.5,
+        "channel": 16,
+        "lmax": 1,
+        "num_convolution_layer": 2,
+    }
+    return models.SevenNetModel.from_config(config, seed=0, **kwargs)
+
+
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """The model of ``args.model`` on ``device`` in ``dtype``.
 
@@ -63,8 +84,12 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     and every ``--lj EL:EPS:SIGMA`` of ``args``. ``mace``:
     ``args.model_file`` loaded as mace-torch does (a trusted file: it is
     unpickled) or, without a file, the built-in random MACE; its cutoff is the
-    model's ``r_max``.
+    model's ``r_max``. ``sevenn``: ``args.model_file`` read by sevenn's
+    checkpoint loader (a trusted file: it is unpickled) or, without a file, a
+    built-in random SevenNet (O, Si; the ``nvdd-models[sevenn]`` extra).
     """
+    if getattr(args, "model", "lj") == "sevenn":
+        return _sevenn(args, device, dtype)
     if getattr(args, "model", "lj") == "mace":
         models = _mace_modules()
         path = getattr(args, "model_file", None)
@@ -94,11 +119,11 @@ def _velocities(batch: Batch, temperature_K: float, seed: int) -> torch.Tensor:
 def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None:
     """The built-in system of a model that does not run on argon, else None.
 
-    ``mace``: a silica-like periodic box, O and Si (2:1, random) on a jittered
+    ``mace`` and ``sevenn``: a silica-like periodic box, O and Si (2:1, random) on a jittered
     simple-cubic lattice of ``args.cells`` sites per edge (``cells**3`` atoms) at
     the density of amorphous SiO2, with velocities at ``args.temperature``.
     """
-    if getattr(args, "model", "lj") != "mace":
+    if getattr(args, "model", "lj") not in ("mace", "sevenn"):
         return None
     g = torch.Generator().manual_seed(args.seed)
     n = int(args.cells)

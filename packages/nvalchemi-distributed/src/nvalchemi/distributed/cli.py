@@ -90,15 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     system.add_argument(
         "--model",
-        choices=("lj", "mace"),
+        choices=("lj", "mace", "sevenn"),
         default="lj",
         help="lj: Lennard-Jones (argon built in, --lj for other elements); mace: a mace-torch "
-        "MACE (--model-file, or a built-in small random one on an O/Si box of --cells**3 atoms)",
+        "MACE (--model-file, or a built-in small random one on an O/Si box of --cells**3 atoms); "
+        "sevenn: a SevenNet (--model-file, or a built-in small random one on the same box; "
+        "the nvdd-models[sevenn] extra)",
     )
     system.add_argument(
         "--model-file",
         default=None,
-        help="a saved mace-torch model (.model; unpickled: trusted files only)",
+        help="--model mace: a saved mace-torch model (.model); --model sevenn: a SevenNet "
+        "checkpoint (.pth); both unpickled: trusted files only",
     )
     system.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
     system.add_argument(
