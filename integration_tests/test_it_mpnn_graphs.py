@@ -7,6 +7,7 @@ step raises there); the CUDA runs are the ``gpu`` tests at the end.
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from typing import Any
 
@@ -109,8 +110,15 @@ def _dp_case(graphs: bool) -> dict[str, Any]:
     return _run(graphs, dp=True)
 
 
-def test_domain_parallel_on_one_rank_replays_the_mpnn_step() -> None:
+@functools.cache
+def _eager_dp() -> dict[str, Any]:
+    """The eager 40-step run on one rank (cached: the compiled test compares with it too)."""
     (eager,) = run_ranks(_dp_case, 1, False)
+    return eager
+
+
+def test_domain_parallel_on_one_rank_replays_the_mpnn_step() -> None:
+    eager = _eager_dp()
     (graphed,) = run_ranks(_dp_case, 1, True)
     _same(graphed, eager)
     assert graphed["captures"] >= 1 and graphed["replays"] >= 30
@@ -139,11 +147,11 @@ def test_mpnn_cuda_graph_replays_equal_eager_steps_on_a_gpu(compiled: bool, halo
 
 
 def _compiled_case(graphs: bool, compiled: bool) -> dict[str, Any]:
-    return _run(graphs, 30, dp=True, compiled=compiled)
+    return _run(graphs, 40, dp=True, compiled=compiled)
 
 
 def test_a_compiled_mpnn_step_is_captured_and_equals_the_eager_step() -> None:
-    (eager,) = run_ranks(_compiled_case, 1, False, False)
+    eager = _eager_dp()  # = _compiled_case(False, False)
     (graphed,) = run_ranks(_compiled_case, 1, True, True)
     _same(graphed, eager, rtol=1e-12, atol=1e-12)
     assert graphed["captures"] >= 1 and graphed["replays"] >= 20
@@ -151,6 +159,13 @@ def test_a_compiled_mpnn_step_is_captured_and_equals_the_eager_step() -> None:
 
 def _halo_case(graphs: bool, kw: dict[str, Any]) -> dict[str, Any]:
     return _run(graphs, 40, dp=True, **kw)
+
+
+@functools.cache
+def _eager_halo(ranks: int, kw_items: tuple[tuple[str, Any], ...]) -> list[dict[str, Any]]:
+    """Every rank's eager run of :func:`_halo_case` (cached: the compiled test
+    compares with the 3-layer case's eager run too)."""
+    return run_ranks(_halo_case, ranks, False, dict(kw_items))
 
 
 @pytest.mark.parametrize(
@@ -165,7 +180,7 @@ def _halo_case(graphs: bool, kw: dict[str, Any]) -> dict[str, Any]:
     ids=["2-ranks", "halo-on-1-rank", "2-ranks-3-layers", "2-ranks-overflowing"],
 )
 def test_mpnn_halo_steps_are_replayed_and_equal_eager_steps(ranks: int, kw: dict[str, Any]) -> None:
-    eager = run_ranks(_halo_case, ranks, False, kw)[0]
+    eager = _eager_halo(ranks, tuple(sorted(kw.items())))[0]
     graphed_all = run_ranks(_halo_case, ranks, True, kw)
     graphed = graphed_all[0]
     _same(graphed, eager)
@@ -179,7 +194,7 @@ def test_mpnn_halo_steps_are_replayed_and_equal_eager_steps(ranks: int, kw: dict
 
 def test_a_compiled_mpnn_halo_step_is_captured_and_equals_the_eager_step() -> None:
     kw: dict[str, Any] = {"layers": 3}
-    eager = run_ranks(_halo_case, 2, False, kw)[0]
+    eager = _eager_halo(2, tuple(sorted(kw.items())))[0]  # the 2-ranks-3-layers case's
     graphed = run_ranks(_halo_case, 2, True, {**kw, "compiled": True})[0]
     _same(graphed, eager, rtol=1e-12, atol=1e-12)
     assert graphed["captures"] >= 1 and graphed["replays"] >= 15
