@@ -7,6 +7,7 @@ its edges read, with the real cell and pbc; float64 forces within 1e-10 eV/A.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -116,11 +117,17 @@ def _mace_system(kind: str) -> Batch:
     return batch.replace(velocities=v - v.mean(dim=0))
 
 
-def _mace_gp_rank(kinds: tuple[str, ...], steps: int, adapters: bool = True) -> list[Any]:
+def _mace_gp_rank(
+    kinds: tuple[str, ...], steps: int, adapters: bool = True, stale: bool = False
+) -> list[Any]:
     """Rank body: MACE under ``DomainParallel`` with ``StrategyKind.GRAPH_PARTITION``
     on every system of ``kinds``; rank 0 returns the state at t = 0 and after
     ``steps`` NVE steps, the collectives of each step that rebuilt nothing and the
-    stats. ``adapters=False``: ``SPEC_MACE_GP`` without its adapters (no refresh)."""
+    stats. ``adapters=False``: ``SPEC_MACE_GP`` without its adapters (no refresh).
+    ``stale``: then one more entry, the periodic system at t = 0 without the
+    adapters (the same world serves both tests)."""
+    if stale:
+        return [*_mace_gp_rank(kinds, steps, adapters), *_mace_gp_rank(("periodic",), 0, False)]
     out = []
     for kind in kinds:
         model = mace_model(MACE_LAYERS)
@@ -154,6 +161,16 @@ def _mace_reference(kind: str, steps: int) -> tuple[dict[str, torch.Tensor], Bat
     return outputs, dyn.batch
 
 
+@functools.cache
+def _mace_gp_world(world: int) -> list[Any]:
+    """Every rank's :func:`_mace_gp_rank` on the periodic and the open system; on 2
+    ranks also the periodic one without the adapters (cached: two tests read it)."""
+    stale = world == 2
+    return run_ranks(
+        _mace_gp_rank, world, ("periodic", "open"), MACE_STEPS, stale=stale, timeout_s=600
+    )
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_mace_graph_partition_equals_one_process_by_id(world: int) -> None:
     """MACE (3 interactions) on a periodic and an open system: forces by atom id,
@@ -163,7 +180,7 @@ def test_mace_graph_partition_equals_one_process_by_id(world: int) -> None:
     refreshes and their adjoints in the backward, the force fold) and 2
     all-reduces (the step's flag, the replicated energy)."""
     kinds = ("periodic", "open")
-    got = run_ranks(_mace_gp_rank, world, kinds, MACE_STEPS, timeout_s=600)
+    got = _mace_gp_world(world)
     per_rank_ghosts = [[case["n_ghost"] for case in rank] for rank in got]
     for k, kind in enumerate(kinds):
         run = got[0][k]
@@ -196,8 +213,8 @@ def test_mace_graph_partition_equals_one_process_by_id(world: int) -> None:
 def test_mace_graph_partition_without_the_refresh_is_detected() -> None:
     """``SPEC_MACE_GP`` with its adapters left out: the ghost rows keep features
     computed from incomplete neighbourhoods, and the forces show it."""
-    got = run_ranks(_mace_gp_rank, 2, ("periodic",), 0, adapters=False, timeout_s=600)
-    first = got[0][0]["first"]
+    got = _mace_gp_world(2)  # its last entry: the periodic system without the adapters
+    first = got[0][-1]["first"]
     ref, _ = _mace_reference("periodic", 0)
     batch = _mace_system("periodic")
     with pytest.raises(AssertionError, match="forces differ"):
