@@ -8,11 +8,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-# The toolkit's electrostatics package takes seconds to import; the gloo ranks of
-# the long-range tests import it from the forkserver instead of each on its own.
+# The toolkit's electrostatics package and mace-torch take seconds to import; the
+# gloo ranks of the long-range and MACE tests get them from the forkserver instead
+# of each importing them on its own (models_preload imports mace the nvdd way).
 os.environ.setdefault(
     "NVDD_SPAWN_PRELOAD",
-    "nvalchemiops.torch.interactions.electrostatics.pme,nvalchemiops.torch.spline,tad_dftd3",
+    "nvalchemiops.torch.interactions.electrostatics.pme,nvalchemiops.torch.spline,tad_dftd3,"
+    "models_preload",
 )
 
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from nvdd.core import shutdown_distributed
 from nvdd.testing._extras import importorskip_extra
 from nvdd.testing._oracle import Tolerance, tolerance_for
+from nvdd.testing._pool import close_pools
 
 _MARKERS = {
     "gloo": "spawns CPU ranks over gloo (nvdd.testing.run_ranks)",
@@ -52,6 +53,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in _MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    close_pools()  # the ranks of run_ranks' pooled worlds exit with the session
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,0 +1,15 @@
+"""Imported once by the rank forkserver (``NVDD_SPAWN_PRELOAD``, see conftest.py).
+
+mace-torch and e3nn take seconds to import; imported here the nvdd way (torch.load's
+default put back afterwards), every rank forked for a MACE test has them already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from nvdd.core import OptionalDependencyError
+from nvdd.models._mace_deps import mace_module
+
+with contextlib.suppress(OptionalDependencyError):  # without the extra: the tests say so
+    mace_module("mace.modules")
