@@ -1,11 +1,12 @@
 """Run a function on N fresh ranks over gloo (or NCCL) with a file rendezvous.
 
-Used by ``nvdd.testing.run_ranks`` (every multi-process test) and by tools that
-validate a model on a few CPU ranks from one process (``trace_and_validate``).
+Used by ``nvdd.testing.run_ranks`` (for the calls that need fresh ranks; the
+others reuse pooled worlds, decision 0076) and by tools that validate a model on
+a few CPU ranks from one process (``trace_and_validate``).
 
 Ranks are forked from a forkserver that has torch (and, when installed, warp)
 preloaded, so a rank starts in tens of milliseconds instead of re-importing
-torch; each test still gets fresh processes and a fresh process group.
+torch; each call gets fresh processes and a fresh process group.
 """
 
 from __future__ import annotations
