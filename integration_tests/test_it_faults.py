@@ -98,7 +98,8 @@ def test_a_rank_that_stops_responding_is_named_within_the_watchdog_timeout() -> 
 
 def test_a_full_disk_while_writing_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    messages = run_ranks(save_twice_second_fails, 2, str(path), 1, timeout_s=120)
+    # fresh ranks: the culprit rank patches numpy.savez and never puts it back
+    messages = run_ranks(save_twice_second_fails, 2, str(path), 1, timeout_s=120, fresh=True)
     assert all("rank 1: writing" in m and "No space left on device" in m for m in messages)
     batch, manifest = read_checkpoint(path)
     assert manifest["serial"] == 1 and batch.n_atoms == 108
