@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,7 +45,52 @@ class UndeclaredOutputWarning(UserWarning):
 _WARNED: set[tuple[str, str]] = set()
 
 
+@dataclass(frozen=True, slots=True)
+class OutputRules:
+    """What consolidation reads of a spec, derived once per spec object so that a
+    step calls nothing of it (:func:`output_rules`).
+
+    Attributes
+    ----------
+    folds_forces:
+        :func:`folds_forces` of the spec.
+    owned_rows_exact:
+        ``spec.owned_rows_exact`` (a receptive-field spec).
+    rules:
+        ``{output name: (kind, effective reduce)}`` of every declared output.
+    """
+
+    folds_forces: bool
+    owned_rows_exact: bool
+    rules: Mapping[str, tuple[OutputKind, Reduce]]
+
+
+#: ``id(spec) -> (spec, its rules)`` (the spec is kept, so its id is not reused).
+_RULES: dict[int, tuple[MLIPSpec, OutputRules]] = {}
+_UNDECLARED = (OutputKind.UNKNOWN, Reduce.NONE)
+
+
+def output_rules(spec: MLIPSpec) -> OutputRules:
+    """The :class:`OutputRules` of ``spec`` (computed at its first use)."""
+    hit = _RULES.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    rules = OutputRules(
+        folds_forces=_folds_forces(spec),
+        owned_rows_exact=spec.owned_rows_exact,
+        rules={n: (o.kind, o.effective_reduce()) for n, o in spec.outputs.items()},
+    )
+    _RULES[id(spec)] = (spec, rules)
+    return rules
+
+
 def folds_forces(spec: MLIPSpec) -> bool:
+    """Whether ghost-row forces are folded into their owners under ``spec``
+    (:func:`output_rules`)."""
+    return output_rules(spec).folds_forces
+
+
+def _folds_forces(spec: MLIPSpec) -> bool:
     """Whether ghost-row forces are folded into their owners under ``spec``.
 
     Autograd forces are derivatives with respect to every padded row, so the
@@ -87,15 +133,15 @@ def consolidate(
     final: dict[str, Any] = {}
     partial: dict[str, torch.Tensor] = {}
     skipped = set(skip)
+    table = output_rules(spec).rules
     for name, value in outputs.items():
         if name in skipped:
             continue
-        out = spec.output(name)
-        rule = out.effective_reduce()
+        kind, rule = table.get(name, _UNDECLARED)
         if not isinstance(value, torch.Tensor):
             final[name] = value
             continue
-        if out.kind is OutputKind.UNKNOWN:
+        if kind is OutputKind.UNKNOWN:
             key = (spec.name, name)
             if key not in _WARNED:
                 _WARNED.add(key)
@@ -106,9 +152,9 @@ def consolidate(
                     stacklevel=3,
                 )
             final[name] = value
-        elif out.kind is OutputKind.PER_NODE:
+        elif kind is OutputKind.PER_NODE:
             final[name] = _fold(value, plan) if rule is Reduce.ALL_REDUCE else value[: plan.n_owned]
-        elif out.kind is OutputKind.PER_GRAPH:
+        elif kind is OutputKind.PER_GRAPH:
             if rule is Reduce.ALL_REDUCE:
                 partial[name] = value
             else:

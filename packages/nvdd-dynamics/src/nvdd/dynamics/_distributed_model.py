@@ -41,7 +41,7 @@ from nvdd.core import (
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import PendingTotals, consolidate, folds_forces
+from nvdd.dynamics._consolidate import PendingTotals, consolidate, output_rules
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._finite import (
     MODEL_GROWS,
@@ -491,13 +491,14 @@ class DistributedModel(ProviderBase):
         if spec.options.receptive_field_fold:  # forces: -d(owned atom energies)/d rows
             owned_energy_forces(raw, padded, plan.n_owned, self.model)
         f_padded = extract_forces(raw, padded, spec.force_strategy, self.model)
-        if folds_forces(spec):
+        rules = output_rules(spec)
+        if rules.folds_forces:
             forces = f_padded[: plan.n_owned] + plan.reverse(f_padded[plan.n_owned :])
         else:  # the spec says owned rows are already exact: ghost rows are dropped
             forces = f_padded[: plan.n_owned]
         t0 = self._timer("fold", t0)
         unavailable: dict[str, str] = {}
-        if spec.owned_rows_exact:  # the receptive-field safe path: rebuild the energy
+        if rules.owned_rows_exact:  # the receptive-field safe path: rebuild the energy
             assert self._static is not None
             raw, unavailable = owned_row_outputs(
                 raw,
