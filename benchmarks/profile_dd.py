@@ -252,13 +252,11 @@ _PIECES = (
     ("nvdd.halo._plan", "select_ghosts", "    select_ghosts"),
     ("nvdd.halo._plan", "_header_exchange", "    header exchange"),
     ("nvdd.dynamics._distributed_model", "DistributedModel._install", "  install (static fields)"),
-    (
-        "nvdd.dynamics._distributed_model",
-        "DistributedModel._forward",
-        "forward (exchange+model+fold)",
-    ),
+    ("nvdd.dynamics._distributed_model", "DistributedModel.exchange", "exchange (ghost positions)"),
+    ("nvdd.dynamics._distributed_model", "DistributedModel.forward", "forward (model)"),
     ("nvdd.models._device_neighbors", "DeviceVerletList.__call__", "  neighbour list"),
     ("nvdd.models._lj_fast", "WarpLJ.__call__", "  LJ kernel"),
+    ("nvdd.dynamics._distributed_model", "DistributedModel.fold", "fold + consolidation"),
     ("nvdd.halo._plan", "HaloPlan.reverse", "  fold"),
 )
 
