@@ -7,6 +7,7 @@ installs them.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import subprocess
@@ -301,11 +302,29 @@ MACE_CASES = [
 ]
 
 
+def _world_rank(case: str, layers: int) -> dict[str, Any]:
+    """Rank body of one world of :data:`MACE_CASES`: the case's run; on
+    ``triclinic-3`` also the same case without the spec's adapters (2
+    interactions), on ``two-systems-2`` also the exchanges of a 3-interaction
+    forward on ``periodic-2`` (the world is shared by three tests)."""
+    out: dict[str, Any] = {"run": run_steps("mace", case, layers=layers)[0]}
+    if case == "triclinic-3":
+        out["no_refresh"] = run_steps("mace", case, mode="no-refresh")[0]
+    if case == "two-systems-2":
+        out["exchanges"] = count_exchanges("mace", "periodic-2", 3)
+    return out
+
+
+@functools.cache
+def _world(case: str, layers: int) -> list[dict[str, Any]]:
+    """Every rank's :func:`_world_rank` (cached: tests below read the same world)."""
+    return run_ranks(_world_rank, CASES[case][0], case, layers, timeout_s=300)
+
+
 @pytest.mark.gloo
 @pytest.mark.parametrize(("case", "layers"), MACE_CASES, ids=[f"{c}-L{n}" for c, n in MACE_CASES])
 def test_mace_ranks_equal_the_single_process_model_by_id(case: str, layers: int) -> None:
-    world = CASES[case][0]
-    got = [r[0] for r in run_ranks(run_steps, world, "mace", case, layers=layers, timeout_s=300)]
+    got = [r["run"] for r in _world(case, layers)]
     ref = _oracle(case, layers)
     ids = torch.cat([g["ids"] for g in got])
     assert_same_ids(ids, ref["ids"])
@@ -324,7 +343,7 @@ def test_mace_ranks_equal_the_single_process_model_by_id(case: str, layers: int)
 def test_without_the_refresh_the_forces_are_wrong() -> None:
     """The same run with the spec's adapters left out: stale ghost features show."""
     case = "triclinic-3"
-    got = [r[0] for r in run_ranks(run_steps, 3, "mace", case, mode="no-refresh", timeout_s=300)]
+    got = [r["no_refresh"] for r in _world(case, 3)]  # the triclinic-3-L3 case's world
     ref = _oracle(case, 2)
     ids, forces = torch.cat([g["ids"] for g in got]), torch.cat([g["forces"] for g in got])
     with pytest.raises(AssertionError, match="forces differ"):
@@ -335,7 +354,7 @@ def test_without_the_refresh_the_forces_are_wrong() -> None:
 def test_two_exchanges_per_interaction_after_the_first() -> None:
     """Refresh forward + its reverse in the backward, none for the first interaction:
     4 for 3 interactions (6 if the first were refreshed too)."""
-    counts = run_ranks(count_exchanges, 2, "mace", "periodic-2", 3, timeout_s=300)
+    counts = [r["exchanges"] for r in _world("two-systems-2", 2)]  # periodic-2, 3 interactions
     assert counts == [4, 4]
 
 
