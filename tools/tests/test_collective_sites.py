@@ -68,6 +68,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "nvdd-core/src/nvdd/core/_spawn.py": frozenset({"init_process_group", "destroy_process_group"}),
     # the runtime's teardown at exit
     "nvdd-core/src/nvdd/core/_lifecycle.py": frozenset({"destroy_process_group"}),
+    # run_ranks' pooled worlds: each pooled rank's group, as spawn_ranks makes its own
+    "nvdd-testing/src/nvdd/testing/_pool.py": frozenset(
+        {"init_process_group", "destroy_process_group"}
+    ),
 }
 
 
