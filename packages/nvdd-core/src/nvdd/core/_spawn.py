@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
@@ -210,11 +210,7 @@ def spawn_ranks(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"spawn_ranks needs a module-level function, got {fn!r}")
-    file = getattr(sys.modules.get(module), "__file__", None)
+    module, file, qualname = _target(fn)
     payload = _dumps((args, kwargs))
     ctx = _context(start_method)
     tmp = tempfile.mkdtemp(prefix="nvdd-ranks-")
@@ -241,39 +237,15 @@ def spawn_ranks(
     ]
     values: dict[int, Any] = {}
     errors: dict[int, tuple[str, bytes]] = {}
-    deadline = time.monotonic() + timeout_s
-    first_error_at: float | None = None
-    dead_since: dict[int, float] = {}
     try:
         for p in procs:
             p.start()
-        while len(values) + len(errors) < world_size:
-            now = time.monotonic()
-            if now > deadline:
-                break
-            if first_error_at is not None and now > first_error_at + _GRACE_S:
-                break
-            try:
-                rank, status, data = results.get(timeout=0.05)
-            except queue.Empty:
-                # A rank that died without reporting (segfault, os._exit) is an error,
-                # once its result had time to arrive through the queue.
-                for r, p in enumerate(procs):
-                    if r in values or r in errors or p.is_alive():
-                        continue
-                    dead_since.setdefault(r, now)
-                    if now - dead_since[r] > 1.0:
-                        errors[r] = (
-                            f"rank {r} exited with code {p.exitcode} without reporting a result",
-                            b"",
-                        )
-                        first_error_at = first_error_at or now
-                continue
-            if status == "ok":
-                values[rank] = data
-            else:
-                errors[rank] = data
-                first_error_at = first_error_at or time.monotonic()
+
+        def receive(timeout: float) -> tuple[int, str, Any]:
+            rank, status, data = results.get(timeout=timeout)
+            return rank, status, data
+
+        values, errors = _collect(receive, procs, world_size, timeout_s)
     finally:
         for p in procs:
             if p.pid is not None and p.is_alive() and (errors or len(values) < world_size):
@@ -287,6 +259,71 @@ def spawn_ranks(
                 p.join(timeout=5)
         results.close()
         shutil.rmtree(tmp, ignore_errors=True)
+    return _outcome(values, errors, world_size, timeout_s)
+
+
+def _target(fn: Callable[..., Any]) -> tuple[str, str | None, str]:
+    """``fn``'s module, file and qualified name, as a rank resolves it."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"spawn_ranks needs a module-level function, got {fn!r}")
+    return module, getattr(sys.modules.get(module), "__file__", None), qualname
+
+
+def _collect(
+    receive: Callable[[float], tuple[int, str, Any] | None],
+    procs: Sequence[Any],
+    world_size: int,
+    timeout_s: float,
+) -> tuple[dict[int, Any], dict[int, tuple[str, bytes]]]:
+    """Gather every rank's ``(rank, status, data)`` report until all ranks have
+    answered, ``timeout_s`` has passed, or a short grace period after the first
+    error. ``receive(timeout)`` raises ``queue.Empty`` when nothing came and may
+    return None for a message to ignore. A rank whose process died without
+    reporting counts as an error. Returns (pickled values, errors) by rank."""
+    values: dict[int, Any] = {}
+    errors: dict[int, tuple[str, bytes]] = {}
+    deadline = time.monotonic() + timeout_s
+    first_error_at: float | None = None
+    dead_since: dict[int, float] = {}
+    while len(values) + len(errors) < world_size:
+        now = time.monotonic()
+        if now > deadline:
+            break
+        if first_error_at is not None and now > first_error_at + _GRACE_S:
+            break
+        try:
+            got = receive(0.05)
+        except queue.Empty:
+            # A rank that died without reporting (segfault, os._exit) is an error,
+            # once its result had time to arrive through the queue.
+            for r, p in enumerate(procs):
+                if r in values or r in errors or p.is_alive():
+                    continue
+                dead_since.setdefault(r, now)
+                if now - dead_since[r] > 1.0:
+                    errors[r] = (
+                        f"rank {r} exited with code {p.exitcode} without reporting a result",
+                        b"",
+                    )
+                    first_error_at = first_error_at or now
+            continue
+        if got is None:
+            continue
+        rank, status, data = got
+        if status == "ok":
+            values[rank] = data
+        else:
+            errors[rank] = data
+            first_error_at = first_error_at or time.monotonic()
+    return values, errors
+
+
+def _outcome(
+    values: dict[int, Any], errors: dict[int, tuple[str, bytes]], world_size: int, timeout_s: float
+) -> list[Any]:
+    """Every rank's unpickled value in rank order, or the first failure raised."""
     if errors:
         first = next(iter(errors))
         exc: BaseException | None = None

@@ -26,7 +26,6 @@ import datetime
 import itertools
 import os
 import pickle
-import queue
 import random
 import shutil
 import sys
@@ -38,8 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from nvdd.core import RankFailedError, RankTimeoutError
-from nvdd.core._spawn import _GRACE_S, _context, _dumps, _resolve
+from nvdd.core._spawn import _collect, _context, _dumps, _outcome, _resolve, _target
 
 __all__ = ["FRESH_RANKS_ENV", "close_pools", "run_pooled", "use_pool"]
 
@@ -279,67 +277,28 @@ def run_pooled(
     timeout_s: float,
 ) -> list[Any]:
     """``spawn_ranks``' contract, on the pooled world of ``world_size`` ranks."""
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"spawn_ranks needs a module-level function, got {fn!r}")
-    file = getattr(sys.modules.get(module), "__file__", None)
+    module, file, qualname = _target(fn)
     payload = _dumps((args, kwargs))
     world = _world(world_size)
     task_id = next(_task_ids)
     for q in world.tasks:
         q.put((task_id, (module, file, qualname), payload, list(sys.path)))
+    intact = True
+
+    def receive(timeout: float) -> tuple[int, str, Any] | None:
+        nonlocal intact
+        got_id, rank, status, data, ok = world.results.get(timeout=timeout)
+        if got_id not in (task_id, -1):
+            return None  # a late answer to a call that was already given up
+        intact = intact and ok and got_id == task_id
+        return rank, status, data
+
     values: dict[int, Any] = {}
     errors: dict[int, tuple[str, bytes]] = {}
-    intact = True
-    deadline = time.monotonic() + timeout_s
-    first_error_at: float | None = None
-    dead_since: dict[int, float] = {}
     try:
-        while len(values) + len(errors) < world_size:
-            now = time.monotonic()
-            if now > deadline:
-                break
-            if first_error_at is not None and now > first_error_at + _GRACE_S:
-                break
-            try:
-                got_id, rank, status, data, ok = world.results.get(timeout=0.05)
-            except queue.Empty:
-                for r, p in enumerate(world.procs):
-                    if r in values or r in errors or p.is_alive():
-                        continue
-                    dead_since.setdefault(r, now)
-                    if now - dead_since[r] > 1.0:
-                        errors[r] = (
-                            f"rank {r} exited with code {p.exitcode} without reporting a result",
-                            b"",
-                        )
-                        first_error_at = first_error_at or now
-                continue
-            if got_id not in (task_id, -1):
-                continue  # a late answer to a call that was already given up
-            intact = intact and ok and got_id == task_id
-            if status == "ok":
-                values[rank] = data
-            else:
-                errors[rank] = data
-                first_error_at = first_error_at or time.monotonic()
+        values, errors = _collect(receive, world.procs, world_size, timeout_s)
     finally:
         if errors or not intact or len(values) < world_size:
             _worlds.pop(world_size, None)
             world.close(kill=True)
-    if errors:
-        first = next(iter(errors))
-        exc: BaseException | None = None
-        if errors[first][1]:
-            try:
-                exc = pickle.loads(errors[first][1])
-            except Exception:
-                exc = None
-        raise RankFailedError({r: tb for r, (tb, _) in errors.items()}, exc)
-    if len(values) < world_size:
-        missing = [r for r in range(world_size) if r not in values]
-        raise RankTimeoutError(
-            f"rank(s) {missing} of {world_size} did not finish within {timeout_s} s; killed"
-        )
-    return [pickle.loads(values[r]) for r in range(world_size)]
+    return _outcome(values, errors, world_size, timeout_s)
