@@ -7,12 +7,16 @@ the GPU runs are in ``integration_tests/test_it_cuda_graphs.py``.
 
 from __future__ import annotations
 
+import ast
+import pathlib
 from collections.abc import Hashable
 from typing import Any
 
 import pytest
 import torch
 
+import nvdd.dynamics
+import nvdd.models
 from nvdd.core import Batch, CaptureError, ModelOutputs, after_replay, capturing, emulated_capture
 from nvdd.dynamics import (
     CUDA_GRAPHS_ENV,
@@ -445,3 +449,54 @@ def test_each_role_recaptures_into_its_own_kept_pool(monkeypatch: pytest.MonkeyP
         dyn.run(30)
     later = {id(p) for _, p in made[before:]}
     assert later and not later & (pools["head"] | pools["tail"])
+
+
+#: What a provider declares of capture (``_step.CapturableSteps``) and its phases.
+_DECLARED = frozenset(
+    {"graph_key", "splits_step", "begin_step", "take_verdict"}
+    | {"open", "decide", "rebuild", "exchange", "forward", "fold", "close"}
+)
+
+
+def test_capture_reads_what_a_provider_declares_never_probes_it() -> None:
+    """No ``getattr`` / ``hasattr`` of a capture capability or a phase by name in
+    nvdd-dynamics or nvdd-models: the step module calls what ``PhasedProvider``
+    and ``CapturableSteps`` declare (mypy checks the calls), and a one-call
+    provider is asked once, when it is wrapped (``isinstance``)."""
+    found = []
+    for package in (nvdd.dynamics, nvdd.models):
+        for path in sorted(pathlib.Path(package.__file__).parent.glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) > 1
+                    and any(
+                        isinstance(c, ast.Constant) and c.value in _DECLARED
+                        for c in ast.walk(node.args[1])
+                    )
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_a_one_call_provider_is_captured_only_when_it_declares_capture() -> None:
+    """A one-call provider without ``CapturableSteps`` runs every step eagerly;
+    the same provider declaring it (``graph_key`` and the split) is captured."""
+
+    class Plain:
+        def __init__(self, model: Springs) -> None:
+            self.model = model
+
+        def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
+            return batch, self.model(batch)
+
+    dyn = VelocityVerlet(Springs(), _batch(), cuda_graphs=True)
+    dyn.force_provider = Plain(dyn.model)
+    assert not dyn.force_provider.splits_step and dyn.force_provider.take_verdict(dyn.batch)
+    with emulated_capture():
+        dyn.run(8)
+    assert dyn.graphs.captures == 0 and dyn.graphs.last_drop is None
+    graphed, _ = _run_split(True, steps=8)
+    assert graphed.force_provider.splits_step and graphed.graphs.captures >= 1

@@ -22,6 +22,7 @@ from nvdd.dynamics import _step
 from nvdd.dynamics._graph_step import StepGraphs
 from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookScope, HookStage
 from nvdd.dynamics._step import (
+    CapturableSteps,
     ForceProvider,
     HookRunner,
     PhasedProvider,
@@ -145,11 +146,15 @@ class ModelForceProvider:
 
 class _CallProvider:
     """A one-call :class:`ForceProvider` (``provider(batch) -> (batch, outputs)``)
-    run as the phases of a force computation; every other attribute
-    (``graph_key``, ``splits_step``, ...) is the provider's own."""
+    run as the phases of a force computation. Its steps are captured only when
+    it declares :class:`~nvdd.dynamics._step.CapturableSteps` (read once, here);
+    every other attribute is the provider's own."""
 
     def __init__(self, provider: ForceProvider) -> None:
         self.provider = provider
+        self._captures: CapturableSteps | None = (
+            provider if isinstance(provider, CapturableSteps) else None
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["provider"], name)
@@ -182,16 +187,30 @@ class _CallProvider:
     def close(self, st: StepState) -> None:
         """Nothing to finish."""
 
+    # what the provider declares of capture (CapturableSteps), or nothing
+    def graph_key(self, batch: Batch) -> Hashable | None:
+        """The provider's ``graph_key(batch)``; None when it declares none."""
+        return None if self._captures is None else self._captures.graph_key(batch)
+
+    @property
+    def splits_step(self) -> bool:
+        """The provider's ``splits_step`` (False when it declares none)."""
+        return self._captures is not None and bool(self._captures.splits_step)
+
+    def begin_step(self, batch: Batch) -> None:
+        """The provider's ``begin_step(batch)``."""
+        if self._captures is not None:
+            self._captures.begin_step(batch)
+
+    def take_verdict(self, batch: Batch) -> bool:
+        """The provider's ``take_verdict(batch)`` (True when it declares none)."""
+        return self._captures is None or bool(self._captures.take_verdict(batch))
+
 
 def _phased(provider: Any) -> PhasedProvider:
     """``provider`` as the phases of a force computation (a one-call provider wrapped)."""
-    if isinstance(provider, _CallProvider):
+    if isinstance(provider, PhasedProvider):  # (the phases and CapturableSteps declared)
         return provider
-    if all(
-        hasattr(provider, n)
-        for n in ("open", "decide", "rebuild", "exchange", "forward", "fold", "close")
-    ):
-        return provider  # type: ignore[no-any-return]
     return _CallProvider(provider)
 
 

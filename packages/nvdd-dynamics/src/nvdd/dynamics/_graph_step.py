@@ -227,8 +227,7 @@ class StepGraphs:
         step = dyn.step_count
         if any(h.stage in _INSIDE and h.due(step) for h in dyn.hooks):
             return None
-        provider = getattr(dyn.step_state.provider, "graph_key", None)
-        inner = provider(dyn.batch) if provider is not None else None
+        inner = dyn.step_state.provider.graph_key(dyn.batch)
         if inner is None:
             return None
         return (type(dyn), own, inner)
@@ -282,7 +281,7 @@ class StepGraphs:
         if graph is None:
             return False
         split = self.dyn.step_state.provider
-        if getattr(split, "splits_step", False):
+        if split.splits_step:
             return self._capture_split(graph, split)
         return self._capture(graph)
 

@@ -24,9 +24,9 @@ the state it is bound to, and nothing of the integrator is swapped
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -34,6 +34,7 @@ from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, 
 from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookStage
 
 __all__ = [
+    "CapturableSteps",
     "ForceProvider",
     "HookRunner",
     "Integrator",
@@ -106,9 +107,41 @@ class ForceProvider(Protocol):
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]: ...
 
 
-class PhasedProvider(Protocol):
+@runtime_checkable
+class CapturableSteps(Protocol):
+    """What a force provider declares about capturing its steady steps in a CUDA
+    graph (``StepGraphs``); the step module reads it, the provider never captures.
+
+    ``graph_key(batch)``
+        What a capture of a step through this provider bakes in; None: not
+        capturable now.
+    ``splits_step``
+        Whether a steady step must be cut at a host decision the provider makes
+        every step: captured as a head (``pre_update``, then :meth:`begin_step`,
+        the decision queued on the device) and a tail (the force phases,
+        ``post_update``), with :meth:`take_verdict` (one host read) between.
+    ``begin_step(batch)``
+        Queue this step's decision on the device, unread (capturable).
+    ``take_verdict(batch)``
+        Read it: True when the captured tail may run, False when the step must
+        run its force phases eagerly (a rebuild).
+    """
+
+    def graph_key(self, batch: Batch) -> Hashable | None: ...
+
+    @property
+    def splits_step(self) -> bool: ...
+
+    def begin_step(self, batch: Batch) -> None: ...
+
+    def take_verdict(self, batch: Batch) -> bool: ...
+
+
+@runtime_checkable
+class PhasedProvider(CapturableSteps, Protocol):
     """A force provider that exposes the phases of a force computation
-    (:func:`compute_forces`); each reads and writes the :class:`StepState`."""
+    (:func:`compute_forces`), each reading and writing the :class:`StepState`,
+    and declares what of its steps may be captured (:class:`CapturableSteps`)."""
 
     def open(self, st: StepState) -> None: ...
 
