@@ -138,6 +138,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def prepare(device: str, memory_limit_mb: int = 0) -> str:
+    """Before a measurement: cap the heap (``memory_limit_mb``, the CPU check of the
+    out-of-memory path), reset the GPU's peak-memory counter; return the device
+    with its index (``cuda`` -> ``cuda:N``)."""
+    if memory_limit_mb:
+        limit = memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+        torch.cuda.reset_peak_memory_stats()
+    return device
+
+
 def measure(
     mode: str,
     mace: torch.nn.Module,
@@ -153,17 +166,11 @@ def measure(
     """One measurement on the ranks of this process group (rank 0 returns it)."""
     import torch.distributed as dist
 
-    if memory_limit_mb:  # CPU check of the out-of-memory path: cap the heap
-        limit = memory_limit_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
+    device = prepare(device, memory_limit_mb)
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
     from nvdd.models import MACEModel
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    if device == "cuda":
-        device = f"cuda:{torch.cuda.current_device()}"
-        torch.cuda.reset_peak_memory_stats()
     dtype = getattr(torch, dtype_name)
     model = MACEModel(mace, dtype=dtype, device=device, cueq=cueq, skin=skin)
     whole = rank == 0 or mode == "plain"

@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import resource
 import sys
 import time
 import warnings
@@ -62,7 +61,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import harness
-from benchmarks.bench_mace import SIZES, _is_oom, _peak_mb, _sync, build, dims_of, silica
+from benchmarks.bench_mace import SIZES, _is_oom, _peak_mb, _sync, build, dims_of, prepare, silica
 from benchmarks.bench_mace import measure as measure_nvdd
 
 NVDD_LEGS = ("plain", "dd1")
@@ -95,16 +94,11 @@ def measure_peer(
     memory_limit_mb: int = 0,
 ) -> dict[str, Any]:
     """One measurement of torch-sim's NVE loop with its MACE wrapper (one process)."""
-    if memory_limit_mb:  # CPU check of the out-of-memory path: cap the heap
-        limit = memory_limit_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    device = prepare(device, memory_limit_mb)
     import torch_sim as ts
     from torch_sim.models.mace import MaceModel
     from torch_sim.neighbors import alchemiops_nl_cell_list, torchsim_nl
 
-    if device == "cuda":
-        device = f"cuda:{torch.cuda.current_device()}"
-        torch.cuda.reset_peak_memory_stats()
     dtype = getattr(torch, dtype_name)
     batch = silica(dims, dtype, device)  # the same positions and velocities as nvdd's legs
     nl = alchemiops_nl_cell_list if leg == "peer-cell" else torchsim_nl
