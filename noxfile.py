@@ -14,7 +14,8 @@ is written twice. Sessions:
                   docs/decisions/0075-one-ci-environment.md says what the per-package
                   sessions still add)
 - ``ci``          the README's test command: deps, lint, checks, docs
-- ``sevenn``      nvdd-models' SevenNet tests with the ``[sevenn]`` extra (own environment)
+- ``e3nn06``      the tests of the models on e3nn 0.6 (SevenNet ``[sevenn]``, UMA ``[uma]``) in
+                  one environment of their own (``sevenn`` is an alias)
 - ``docs``        the docs site (MkDocs, strict: warnings, broken links, undocumented API fail)
 - ``demo``        the main job (a domain-decomposed MD run on CPU ranks)
 - ``bench``       benchmarks (ratios measured in one run; not tests)
@@ -280,24 +281,35 @@ def checks(session: nox.Session) -> None:
 
 
 @nox.session(venv_params=VENV_PARAMS)
-def sevenn(session: nox.Session) -> None:
-    """SevenNet (``nvdd-models[sevenn]``) in its own environment: sevenn needs
-    e3nn >= 0.5 and mace-torch 0.3.16 pins 0.4.4, so the extra is in no other
-    session. Runs the tests_sevenn/ of nvdd-models and nvalchemi-distributed (`nvdd
-    run --model sevenn`); a missing module fails."""
+def e3nn06(session: nox.Session) -> None:
+    """The models on e3nn 0.6 in one environment of their own: SevenNet
+    (``nvdd-models[sevenn]``) and UMA (``nvdd-models[uma]``, fairchem-core). Both
+    need e3nn >= 0.5 and mace-torch 0.3.16 pins 0.4.4, so these extras are in no
+    other session; one environment for both saves CI an install. Runs the
+    tests_sevenn/ and tests_uma/ of nvdd-models and nvalchemi-distributed (`nvdd
+    run --model sevenn|uma`); a missing module fails."""
     models = PACKAGES["nvdd-models"]
+    extras = models["extras"]  # type: ignore[index]
     _install(
         session,
         ["nvalchemi-distributed", "nvdd-models", "nvdd-testing"],
         groups=(),
-        more=(*models["extras"]["sevenn"], "numpy>=1.24", "ase>=3.23"),  # type: ignore[index]
+        more=(*extras["sevenn"], *extras["uma"], "numpy>=1.24", "ase>=3.23"),
     )
     session.env["NVDD_REQUIRE_EXTRAS"] = "1"
     dirs = [
-        str(ROOT / "packages" / p / "tests_sevenn")
+        str(ROOT / "packages" / p / f"tests_{m}")
+        for m in ("sevenn", "uma")
         for p in ("nvdd-models", "nvalchemi-distributed")
+        if (ROOT / "packages" / p / f"tests_{m}").is_dir()
     ]
     session.run("pytest", "-q", *dirs, *session.posargs)
+
+
+@nox.session(python=False, default=False)
+def sevenn(session: nox.Session) -> None:
+    """Alias of ``e3nn06`` (SevenNet's tests now share UMA's environment)."""
+    session.notify("e3nn06", session.posargs)
 
 
 @nox.session(python=False)
@@ -307,7 +319,7 @@ def ci(session: nox.Session) -> None:
     session.notify("deps")
     session.notify("lint")
     session.notify("checks")
-    session.notify("sevenn")
+    session.notify("e3nn06")
     session.notify("docs")
 
 

@@ -23,6 +23,11 @@
   extra, its own environment: sevenn needs e3nn >= 0.5, mace-torch 0.3.16 pins 0.4.4),
   from a checkpoint file or built from its configuration; it runs unmodified under
   DD on a receptive-field halo (``nvdd.spec.receptive_field_spec``).
+- :class:`UMAModel`: a fairchem UMA (eSCN-MD) potential (the optional
+  ``nvdd-models[uma]`` extra, in SevenNet's environment for the same e3nn reason),
+  from a fairchem checkpoint or built from its configuration; it runs unmodified
+  under DD on a receptive-field halo, a mixture-of-experts backbone once merged
+  for the system's composition.
 
 Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
 its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_MACE_HALO``, ``SPEC_EWALD_HALO``,
@@ -45,6 +50,7 @@ from nvdd.models._neighbors import EdgeList, NeighborList
 from nvdd.models._pipeline import PipelineModel
 from nvdd.models._pme import ParticleMeshEwald
 from nvdd.models._sevenn import SevenNetModel
+from nvdd.models._uma import UMAModel
 from nvdd.models._verlet import VerletList
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "PipelineModel",
     "ReferenceMPNN",
     "SevenNetModel",
+    "UMAModel",
     "VerletList",
     "assign_charges",
     "build_mace",

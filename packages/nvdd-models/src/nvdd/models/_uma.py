@@ -1,0 +1,501 @@
+"""`UMAModel`: a fairchem UMA (eSCN-MD backbone) potential as an nvdd model.
+
+fairchem's ``HydraModel`` is a backbone (``eSCNMDBackbone``, or its
+mixture-of-linear-experts variant ``eSCNMDMoeBackbone``) and output heads. The
+backbone reads a graph dict: the atoms' numbers and positions, each system's
+``charge``, ``spin`` and ``dataset`` (task) name, and, with ``otf_graph``
+off, the directed edges ``edge_index = [source, target]`` with integer image
+offsets (``x[source] - x[target] + offset @ cell``), and returns a node
+embedding; the energy head maps each node's scalar channels to a per-atom
+energy (``energy_block``) and sums them per system. The wrapper turns
+``otf_graph`` off and feeds that dict from a :class:`~nvdd.core.Batch` with
+the package's Verlet list on exactly the rows it is given (one process: the
+whole system with its cell and pbc; under ``DomainParallel``: this rank's
+``[owned | ghost]`` rows, the ghosts explicit images, record 0006). nvdd's
+edge ``(i, j, S)`` has ``r_ij = x[j] - x[i] + S @ cell``, so ``source = j``,
+``target = i`` (messages reach ``i``) and the offsets are ``S``: the graph
+fairchem's own radius graph builds (a test compares with it).
+
+Per-atom energies are fairchem's energy block on the backbone's node
+embedding (denormalised with the checkpoint task's ``rmsd`` and element
+references); the forces are their derivative. The model runs unmodified under
+:func:`nvdd.spec.receptive_field_spec` with ``fold=True``: the edge-degree
+embedding is one message-passing step before the ``num_layers`` blocks, so an
+atom's energy depends on the atoms within ``(num_layers + 1) x cutoff``
+(record 0078).
+
+What is not local to an atom's neighbourhood is refused under DD, never
+computed on the rank's rows: the mixture-of-linear-experts routing (it reads
+the whole system's composition) unless the backbone was merged with fairchem's
+``merge_MOLE_model`` for the system's composition (``merge_for=``), and the
+charge or spin balanced channels (a sum over every atom of a system). The
+charge, spin and task embedding is per system, the same on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any, cast
+
+import torch
+
+from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
+from nvdd.models._checks import check_positive, config_error
+from nvdd.models._verlet import VerletList
+from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
+
+__all__ = ["UMAModel"]
+
+_EXTRA = "nvdd-models[uma]"
+_HYDRA = "fairchem.core.models.base.HydraModel"
+_BACKBONE = "fairchem.core.models.uma.escn_md.eSCNMDBackbone"
+_MOE_BACKBONE = "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone"
+_EFS_HEAD = "fairchem.core.models.uma.escn_md.MLP_EFS_Head"
+
+
+def fairchem_module(name: str, feature: str = "UMAModel") -> Any:
+    """``import_optional`` of a fairchem module with the extra's install hint."""
+    return import_optional(name, package="fairchem-core", feature=feature, extra=_EXTRA)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` for the block: fairchem builds new
+    modules (merged linears, a merged backbone, its constant tables) in the
+    default dtype, which would round a float64 model's weights to float32."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+class _GraphDict(dict[str, Any]):
+    """The backbone's input: a dict whose ``get`` takes ``default=`` by keyword
+    (as fairchem's ``AtomicData.get`` does)."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key, default)
+
+
+def _energy_head(model: Any, head: str | None, task: str | None) -> tuple[str, Any]:
+    """The name and the inner ``energy_block`` owner of the model's energy head; a
+    dataset-specific mixture head is merged (fairchem's ``merge_MOLE_model``) on
+    ``task``."""
+    heads = dict(model.output_heads.items())
+    names = [n for n, h in heads.items() if hasattr(getattr(h, "head", h), "energy_block")]
+    if head is None:
+        if len(names) != 1:
+            raise config_error(
+                f"UMAModel: the model has energy heads {names}; pass head= one of them"
+            )
+        head = names[0]
+    if head not in names:
+        raise config_error(f"UMAModel: head {head!r} is not an energy head (energy heads: {names})")
+    outer = heads[head]
+    if hasattr(outer, "dataset_name_to_exp"):  # DatasetSpecificMoEWrapper
+        if task not in outer.dataset_name_to_exp:
+            raise config_error(
+                f"UMAModel: head {head!r} has one expert per task "
+                f"{sorted(outer.dataset_name_to_exp)}; pass task= one of them (got {task!r})"
+            )
+        if outer.merged_on_dataset is None:
+            probe = next(model.parameters())
+            with _default_dtype(probe.dtype):
+                outer.merge_MOLE_model(SimpleNamespace(dataset=[task], pos=probe))
+        elif outer.merged_on_dataset != task:
+            raise config_error(
+                f"UMAModel: head {head!r} is merged on task {outer.merged_on_dataset!r}, "
+                f"not {task!r}"
+            )
+    inner: Any = getattr(outer, "head", outer)
+    if getattr(inner, "reduce", "sum") != "sum":
+        raise config_error(
+            f"UMAModel: head {head!r} averages its energy over the atoms "
+            f"(reduce={inner.reduce!r}); only a summed energy has per-atom energies"
+        )
+    return head, inner
+
+
+class UMAModel(BaseModelMixin, torch.nn.Module):
+    """A fairchem UMA (eSCN-MD) ``HydraModel`` as an nvdd model (one process and under DD).
+
+    Energy, forces and per-atom energies (``atom_energies``) of every system of a
+    batch, with periodic, open or mixed boundaries, for one task (``omat``,
+    ``omol``, ...), charge and spin. Under ``DomainParallel`` it runs unmodified
+    on the ``[owned | ghost]`` rows of a receptive-field halo
+    (:meth:`distribution_spec`).
+
+    Parameters
+    ----------
+    model:
+        A ``fairchem.core.models.base.HydraModel`` with an eSCN-MD backbone
+        (from :meth:`from_checkpoint`, :meth:`from_config`, or fairchem's own
+        loaders). Its backbone's ``otf_graph`` is turned off and a
+        dataset-specific mixture head is merged on ``task``: wrap a model you no
+        longer use elsewhere.
+    task:
+        The dataset (task) name the backbone embeds and the head predicts for
+        (one of the backbone's ``dataset_mapping``); needed when the model has a
+        dataset embedding.
+    charge, spin:
+        Total charge and spin multiplicity of every system (fairchem's
+        ``charge`` and ``spin``; they matter for ``omol``).
+    merge_for:
+        A whole system (a :class:`~nvdd.core.Batch` on one process) to merge a
+        mixture-of-linear-experts backbone for, with fairchem's
+        ``merge_MOLE_model``: the experts' routing reads the system's
+        composition, charge, spin and task, which a rank under DD does not see
+        whole. A merged model is exact for systems of the same reduced
+        composition (every system of ``merge_for`` must have it). Without it a
+        mixture backbone runs on one process only.
+    head:
+        The energy head's name (when the model has several).
+    energy_scale, element_references:
+        The energy task's normaliser ``rmsd`` and its per-element references
+        (shape ``(n_elements,)``): ``E_i = energy_scale * e_i + ref[Z_i]``
+        (:meth:`from_checkpoint` reads them from the checkpoint's tasks).
+    dtype:
+        Convert the parameters (float32 or float64). Default: keep.
+    device:
+        Move the model. Default: keep.
+    skin:
+        Verlet skin of the wrapper's neighbour list (Angstrom).
+
+    Attributes
+    ----------
+    hydra:
+        The wrapped module.
+    neighbors:
+        The wrapper's :class:`~nvdd.models.VerletList` (cutoff: the backbone's).
+    layers:
+        Message-passing steps: the backbone's ``num_layers`` blocks plus its
+        edge-degree embedding. The receptive field is ``layers x cutoff``.
+
+    Notes
+    -----
+    fairchem's own radius graph caps each atom's neighbours at the backbone's
+    ``max_neighbors`` (nearest first); the wrapper's list keeps every neighbour
+    within the cutoff. They agree wherever no atom has more neighbours than the
+    cap. Stress and virial are not returned.
+    """
+
+    _head: Any  # the energy head (fairchem's module, not registered twice)
+
+    compile_unsupported = (
+        "fairchem's eSCN-MD backbone picks execution backends and Wigner kernels at run "
+        "time; the wrapper does not trace it with torch.compile"
+    )
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        task: str | None = None,
+        charge: int = 0,
+        spin: int = 0,
+        merge_for: Batch | None = None,
+        head: str | None = None,
+        energy_scale: float = 1.0,
+        element_references: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        skin: float = 0.0,
+    ) -> None:
+        super().__init__()
+        hydra_cls = _class(_HYDRA)
+        backbone_cls = _class(_BACKBONE)
+        if not isinstance(model, hydra_cls):
+            raise config_error(f"UMAModel wraps a fairchem HydraModel, got {type(model).__name__}")
+        inner: Any = model
+        backbone: Any = inner.backbone
+        if not isinstance(backbone, backbone_cls):
+            raise config_error(
+                f"UMAModel: the backbone is {type(backbone).__name__}, not an eSCN-MD "
+                "backbone (eSCNMDBackbone or eSCNMDMoeBackbone)"
+            )
+        check_positive("skin", skin, allow_zero=True)
+        check_positive("energy_scale", energy_scale)
+        if dtype is not None and dtype not in (torch.float32, torch.float64):
+            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        if backbone.regress_config.direct_forces:
+            raise config_error(
+                "UMAModel: the model predicts direct forces (direct_forces=True); only a "
+                "conservative model (forces = -dE/dx) is supported"
+            )
+        if backbone.use_dataset_embedding and task not in backbone.dataset_mapping:
+            raise config_error(
+                f"UMAModel: pass task= one of the model's tasks "
+                f"{sorted(backbone.dataset_mapping)} (got {task!r})"
+            )
+        self.task, self.charge, self.spin = task, int(charge), int(spin)
+        self.merged_composition: torch.Tensor | None = None
+        self.head_name, inner_head = _energy_head(inner, head, task)
+        if merge_for is not None:
+            backbone = self._merge(backbone, merge_for)
+            inner.backbone = backbone
+        backbone.otf_graph = False
+        self.layers = int(backbone.num_layers) + 1
+        self._cutoff = float(backbone.cutoff)
+        if dtype is not None or device is not None:
+            model = model.to(dtype=dtype, device=device)
+        self.hydra = model.eval()
+        # (not registered as a submodule: it is the hydra's own head)
+        object.__setattr__(self, "_head", inner_head)
+        self.energy_scale = float(energy_scale)
+        if element_references is None:
+            refs = torch.zeros(int(backbone.max_num_elements))
+        else:
+            refs = element_references.detach().clone()
+        param = next(model.parameters())
+        self.register_buffer("element_references", refs.to(param.device, param.dtype))
+        self._nonlocal = _nonlocal_parts(backbone)
+        self.neighbors = VerletList(self._cutoff, skin)
+
+    # ------------------------------------------------------------- building
+    def _merge(self, backbone: Any, whole: Batch) -> Any:
+        """fairchem's ``merge_MOLE_model`` of a mixture backbone for ``whole``'s
+        composition (every system the same reduced composition), in the
+        backbone's dtype."""
+        if int(getattr(backbone, "num_experts", 0)) == 0:
+            return backbone
+        counts = torch.zeros(whole.n_systems, 128, dtype=torch.float64)
+        counts.index_put_(
+            (whole.system_index.cpu(), whole.atomic_numbers.cpu()),
+            torch.ones(whole.n_atoms, dtype=torch.float64),
+            accumulate=True,
+        )
+        reduced = counts / counts.sum(dim=1, keepdim=True)
+        if not torch.allclose(reduced, reduced[:1].expand_as(reduced), rtol=1e-12, atol=0.0):
+            raise config_error(
+                "UMAModel: merge_for= has systems of different reduced compositions; a "
+                "merged mixture-of-experts model is exact for one composition"
+            )
+        param = next(backbone.parameters())
+        data = _GraphDict(
+            atomic_numbers=whole.atomic_numbers.to(param.device),
+            batch=whole.system_index.to(param.device),
+            charge=torch.full((whole.n_systems,), self.charge, device=param.device),
+            spin=torch.full((whole.n_systems,), self.spin, device=param.device),
+            dataset=[self.task] * whole.n_systems,
+        )
+        with _default_dtype(param.dtype), torch.no_grad():
+            merged = backbone.merge_MOLE_model(data)
+        self.merged_composition = reduced[0]
+        return merged.to(param.device)
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike[str], *, task: str | None = None, **kwargs: Any
+    ) -> UMAModel:
+        """Wrap the model of a fairchem inference checkpoint, read and built by
+        fairchem's own ``load_inference_model(path, use_ema=True)`` (a trusted
+        file only: it is unpickled); the energy task of ``task`` gives
+        ``energy_scale`` (its normaliser's ``rmsd``) and ``element_references``
+        (a normaliser with a nonzero mean is refused: it has no per-atom
+        share). ``kwargs`` go to the constructor."""
+        utils = fairchem_module("fairchem.core.units.mlip_unit.utils", "UMAModel.from_checkpoint")
+        if not os.path.isfile(path):
+            raise config_error(f"UMAModel.from_checkpoint: no file {os.fspath(path)!r}")
+        model, _ = utils.load_inference_model(os.fspath(path), use_ema=True)
+        model = getattr(model, "module", model)  # (the averaged model's module)
+        tasks = [t for t in utils.load_tasks(os.fspath(path)) if t.property == "energy"]
+        if task is None and len(tasks) == 1 and len(tasks[0].datasets) == 1:
+            task = tasks[0].datasets[0]
+        chosen = [t for t in tasks if task in t.datasets]
+        if not chosen:
+            known = sorted({d for t in tasks for d in t.datasets})
+            raise config_error(
+                f"UMAModel.from_checkpoint: pass task= one of the checkpoint's energy "
+                f"tasks {known} (got {task!r})"
+            )
+        norm = chosen[0].normalizer
+        if float(norm.mean) != 0.0:
+            raise config_error(
+                f"UMAModel.from_checkpoint: the energy normaliser of task {task!r} has mean "
+                f"{float(norm.mean)} (a per-system constant with no per-atom share)"
+            )
+        refs = chosen[0].element_references
+        kwargs.setdefault("energy_scale", float(norm.rmsd))
+        if refs is not None:
+            kwargs.setdefault("element_references", refs.element_references)
+        return cls(model, task=task, **kwargs)
+
+    @classmethod
+    def from_config(
+        cls,
+        backbone: Mapping[str, Any],
+        heads: Mapping[str, Any] | None = None,
+        *,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> UMAModel:
+        """A UMA with random weights (``seed``) built by fairchem from its own
+        configuration: ``backbone`` is the ``HydraModel``'s backbone section
+        (``model`` defaults to ``eSCNMDBackbone``; ``eSCNMDMoeBackbone`` for
+        mixture-of-experts; ``sphere_channels``, ``lmax``, ``mmax``,
+        ``num_layers``, ``cutoff``, ``dataset_mapping``, ...), ``heads`` its heads
+        section (default: one ``MLP_EFS_Head`` named ``energyandforcehead``).
+        Nothing is downloaded. With ``dtype=`` in ``kwargs`` the model is built
+        in that dtype (fairchem's constant tables too). ``kwargs`` go to the
+        constructor."""
+        base = fairchem_module("fairchem.core.models.base", "UMAModel.from_config")
+        section = {"model": _BACKBONE, "otf_graph": False, **dict(backbone)}
+        section.setdefault("regress_forces", True)
+        section.setdefault("direct_forces", False)
+        if heads is None:
+            heads = {"energyandforcehead": {"module": _EFS_HEAD}}
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        with torch.random.fork_rng(devices=[]), _default_dtype(dtype):
+            torch.manual_seed(seed)
+            model = base.HydraModel(backbone=section, heads={k: dict(v) for k, v in heads.items()})
+        return cls(model, **kwargs)
+
+    # ---------------------------------------------------------- properties
+    @property
+    def cutoff(self) -> float:
+        """The backbone's cutoff (Angstrom)."""
+        return self._cutoff
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
+        return next(self.hydra.parameters()).dtype
+
+    @property
+    def backbone(self) -> Any:
+        """The wrapped ``HydraModel``'s backbone (merged, if it was)."""
+        return cast(Any, self.hydra).backbone
+
+    def extra_repr(self) -> str:
+        """The module repr's summary: cutoff, layers, task, charge, spin and skin."""
+        return (
+            f"cutoff={self._cutoff}, layers={self.layers}, task={self.task!r}, "
+            f"charge={self.charge}, spin={self.spin}, skin={self.neighbors.skin}"
+        )
+
+    # ---------------------------------------------------------------- spec
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``.
+
+        The model runs unmodified on ``[owned | ghost]`` rows of a halo of
+        ``layers x cutoff + skin``; owned atoms' energies are exact there and
+        the forces are the derivative of their sum, ghost rows' parts folded to
+        their owners (record 0067).
+
+        Raises
+        ------
+        ConfigurationError
+            For a model with a part that reads the whole system (an unmerged
+            mixture-of-experts backbone, charge or spin balanced channels):
+            its owned rows would be wrong on a rank's rows.
+        """
+        if self._nonlocal is not None:
+            raise config_error(f"UMAModel cannot run under domain decomposition: {self._nonlocal}")
+        return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
+
+    # ------------------------------------------------------------- physics
+    def _check(self, batch: Batch) -> None:
+        if batch.dtype != self.dtype:
+            raise ValidationError(
+                f"batch is {batch.dtype} but the UMA parameters are {self.dtype}; "
+                f"convert one of them (UMAModel(..., dtype={batch.dtype}) or "
+                f"batch.to(dtype={self.dtype}))"
+            )
+        z = batch.atomic_numbers
+        n = int(self.backbone.max_num_elements)
+        if bool(((z < 1) | (z >= n)).any()):
+            bad = sorted({int(v) for v in z[(z < 1) | (z >= n)].tolist()})
+            raise ValidationError(f"UMAModel: atomic numbers {bad} outside 1..{n - 1}")
+
+    def graph(self, batch: Batch, positions: torch.Tensor) -> dict[str, Any]:
+        """The backbone's input dict for ``batch`` at ``positions`` (differentiable
+        in them): nvdd's edges, grouped by system as fairchem expects."""
+        edges = self.neighbors.for_batch(batch)
+        if self.neighbors.rebuilt:
+            self._check(batch)
+        n_sys = batch.n_systems
+        if n_sys > 1:
+            order = torch.argsort(batch.system_index.index_select(0, edges.receivers), stable=True)
+            edges = edges.select(order)
+        counts = torch.bincount(batch.system_index, minlength=n_sys)
+        per_edge = batch.system_index.index_select(0, edges.receivers)
+        dev = positions.device
+        return _GraphDict(
+            atomic_numbers=batch.atomic_numbers,
+            pos=positions,
+            cell=batch.cell.detach(),
+            batch=batch.system_index,
+            natoms=counts,
+            nedges=torch.bincount(per_edge, minlength=n_sys),
+            edge_index=torch.stack([edges.senders, edges.receivers]),
+            cell_offsets=edges.shifts,
+            charge=torch.full((n_sys,), self.charge, dtype=torch.long, device=dev),
+            spin=torch.full((n_sys,), self.spin, dtype=torch.long, device=dev),
+            dataset=[self.task] * n_sys,
+        )
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        """Energy, forces and per-atom energies of every system of ``batch``.
+
+        When ``batch.positions`` already requires grad (the runtime's autograd
+        leaf under a receptive-field spec) the outputs keep their graph and no
+        forces are returned: the caller differentiates ``atom_energies``.
+        Otherwise the forces are ``-dE/dx`` by autograd and every output is
+        detached.
+
+        Raises
+        ------
+        ValidationError
+            On a dtype mismatch, an atomic number outside the model's range
+            (checked when the neighbour list is rebuilt), or fairchem's own graph
+            parallelism initialised in this process.
+        """
+        gp = fairchem_module("fairchem.core.common.gp_utils")
+        if gp.initialized():
+            raise ValidationError(
+                "UMAModel: fairchem's graph parallelism is initialised in this process; "
+                "nvdd decomposes the system itself (tear fairchem's down first)"
+            )
+        given = batch.positions.requires_grad
+        positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
+        with torch.enable_grad():
+            emb = self.backbone(self.graph(batch, positions))
+            scalars = emb["node_embedding"][:, 0, :]
+            raw = cast(torch.Tensor, self._head.energy_block(scalars)).reshape(-1)
+            refs = cast(torch.Tensor, self.element_references)
+            atom = raw * self.energy_scale + refs.index_select(0, batch.atomic_numbers)
+            energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
+            if given:
+                return {"energy": energy, "atom_energies": atom}
+            (grad,) = torch.autograd.grad(energy.sum(), positions, allow_unused=True)
+        forces = -grad if grad is not None else torch.zeros_like(positions)
+        return {
+            "energy": energy.detach(),
+            "forces": forces.detach(),
+            "atom_energies": atom.detach(),
+        }
+
+
+def _class(path: str) -> Any:
+    """The fairchem class at ``module.Name`` (the extra's hint if missing)."""
+    module, _, name = path.rpartition(".")
+    return getattr(fairchem_module(module), name)
+
+
+def _nonlocal_parts(backbone: Any) -> str | None:
+    """Why the backbone reads more than an atom's neighbourhood, or None."""
+    if int(getattr(backbone, "num_experts", 0)) > 0:
+        return (
+            "its mixture-of-linear-experts routing reads the whole system's composition; "
+            "merge it for the system first (UMAModel(..., merge_for=whole_batch))"
+        )
+    if backbone.charge_channel_end > backbone.charge_channel_start:
+        return "its charge-balanced channels sum over every atom of a system"
+    if backbone.spin_channel_end > backbone.spin_channel_start:
+        return "its spin-balanced channels sum over every atom of a system"
+    return None

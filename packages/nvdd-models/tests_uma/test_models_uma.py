@@ -1,0 +1,176 @@
+"""UMAModel: a fairchem UMA (eSCN-MD) potential run unmodified under domain
+decomposition through the receptive-field spec (issue 37 item 2, record 0078).
+
+Needs the ``nvdd-models[uma]`` extra (the ``e3nn06`` nox session); without it
+these tests skip, or fail where ``NVDD_REQUIRE_EXTRAS=1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+from nvdd.spec import StrategyKind
+from nvdd.testing import assert_dd_equivalent, importorskip_extra
+
+#: A tiny UMA backbone: 8 channels, lmax 1, cutoff 2.6 A, one task.
+BACKBONE: dict[str, Any] = {
+    "max_num_elements": 20,
+    "sphere_channels": 8,
+    "lmax": 1,
+    "mmax": 1,
+    "cutoff": 2.6,
+    "edge_channels": 8,
+    "num_distance_basis": 16,
+    "hidden_channels": 8,
+    "num_layers": 1,
+    "dataset_mapping": {"omat": "omat", "omol": "omol"},
+}
+#: The same as a mixture of linear experts (UMA's own backbone class), with one
+#: expert head per task.
+MOE: dict[str, Any] = {
+    **BACKBONE,
+    "model": "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone",
+    "num_experts": 3,
+    "use_composition_embedding": True,
+}
+MOE_HEADS = {
+    "energyandforcehead": {
+        "module": "fairchem.core.models.uma.escn_moe.DatasetSpecificMoEWrapper",
+        "head_cls": "fairchem.core.models.uma.escn_md.MLP_EFS_Head",
+        "dataset_mapping": {"omat": "omat", "omol": "omol"},
+    }
+}
+
+
+def _fairchem() -> Any:
+    return importorskip_extra("fairchem.core", reason="needs the nvdd-models[uma] extra")
+
+
+def _model(seed: int = 1, **backbone: Any) -> Any:
+    _fairchem()
+    from nvdd.models import UMAModel
+
+    config = {**BACKBONE, **backbone}
+    return UMAModel.from_config(config, seed=seed, task="omat", dtype=torch.float64, skin=0.3)
+
+
+def oxide(n: tuple[int, int, int], spacing: float = 2.2, seed: int = 0) -> Batch:
+    """O and Si (2:1) on a jittered simple-cubic lattice, periodic, ids shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    axes = [torch.arange(k, dtype=torch.float64) for k in n]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    m = grid.shape[0]
+    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
+    return Batch(
+        positions=positions,
+        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
+        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
+    )
+
+
+def _fairchem_own(hydra: Any, batch: Batch, task: str) -> tuple[float, torch.Tensor]:
+    """Energy and forces of fairchem's HydraModel on the whole periodic system with
+    its OWN radius graph (otf_graph on), its own heads and autograd forces."""
+    from ase import Atoms
+    from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
+
+    plain = copy.deepcopy(hydra)
+    plain.backbone.otf_graph = True
+    plain.backbone.always_use_pbc = False
+    atoms = Atoms(
+        numbers=batch.atomic_numbers.numpy(),
+        positions=batch.positions.numpy(),
+        cell=batch.cell[0].numpy(),
+        pbc=batch.pbc[0].numpy(),
+    )
+    data = atomicdata_list_to_batch(
+        [AtomicData.from_ase(atoms, task_name=task, target_dtype=torch.float64)]
+    )
+    out = plain(data)["energyandforcehead"]
+    prefix = f"{task}_" if f"{task}_energy" in out else ""
+    energy, forces = out[f"{prefix}energy"]["energy"], out[f"{prefix}forces"]["forces"]
+    return float(energy.detach()[0]), forces.detach()
+
+
+def test_the_wrapper_is_fairchem_and_moe_is_merged_for_the_composition() -> None:
+    """One process, the independent oracle: the wrapper (nvdd's Verlet list,
+    per-atom energies from the head's energy block, autograd forces) equals
+    fairchem's HydraModel with its own radius graph on the whole periodic
+    system, for a plain and a mixture-of-experts UMA; merging the mixture for
+    the system's composition (fairchem's merge_MOLE_model) changes nothing there,
+    and only the merged one is accepted under DD."""
+    _fairchem()
+    from nvdd.models import UMAModel
+
+    model = _model(seed=3, num_layers=2)
+    assert model.layers == 3 and model.cutoff == 2.6 and model.task == "omat"
+    spec = model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    assert spec.name == "receptive_field(L=3, fold)"
+    batch = oxide((3, 3, 3), spacing=1.9, seed=5)
+    got = model(batch)
+    e_ref, f_ref = _fairchem_own(model.hydra, batch, "omat")
+    assert abs(float(got["energy"][0]) - e_ref) < 1e-10 * max(1.0, abs(e_ref))
+    assert float((got["forces"] - f_ref).abs().max()) < 1e-10
+    assert float(f_ref.abs().max()) > 1e-3  # forces that could be wrong
+    assert torch.allclose(got["atom_energies"].sum(), got["energy"][0], atol=1e-12)
+
+    kw: dict[str, Any] = {"task": "omol", "charge": 1, "spin": 2, "dtype": torch.float64}
+    hydra = UMAModel.from_config(MOE, MOE_HEADS, seed=4, **kw).hydra
+    whole = UMAModel(copy.deepcopy(hydra), task="omol", charge=1, spin=2)
+    with pytest.raises(ConfigurationError, match="mixture-of-linear-experts routing"):
+        whole.distribution_spec()
+    merged = UMAModel(copy.deepcopy(hydra), task="omol", charge=1, spin=2, merge_for=batch)
+    assert merged.distribution_spec().name == "receptive_field(L=2, fold)"
+    assert int(getattr(merged.backbone, "num_experts", 0)) == 0
+    a, b = whole(batch), merged(batch)
+    assert float((a["forces"] - b["forces"]).abs().max()) < 1e-10
+    assert abs(float(a["energy"][0] - b["energy"][0])) < 1e-10
+    swapped = UMAModel(copy.deepcopy(hydra), task="omol", charge=0, spin=1)
+    assert float((swapped(batch)["forces"] - a["forces"]).abs().max()) > 1e-6  # charge counts
+    mixed = batch.replace(
+        atomic_numbers=torch.full_like(batch.atomic_numbers, 8), atom_ids=batch.atom_ids + 1
+    )
+    with pytest.raises(ConfigurationError, match="different reduced compositions"):
+        UMAModel(copy.deepcopy(hydra), task="omol", merge_for=Batch.concatenate([batch, mixed]))
+    with pytest.raises(ConfigurationError, match="pass task= one of"):
+        UMAModel(copy.deepcopy(hydra), task="oc20")
+
+
+@pytest.mark.gloo
+def test_uma_is_exact_under_domain_decomposition() -> None:
+    """assert_dd_equivalent at 1e-10 (float64) on 2, 3 and 4 ranks, periodic and
+    open, with nothing declared: the model's own spec (receptive field, L = 2 for
+    one block after the edge-degree embedding, folded). One spawn per world size,
+    both systems in it."""
+    model = _model()
+    report = assert_dd_equivalent(
+        model, oxide((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
+    )
+    assert report.passed and len(report.cases) == 6
+    assert "receptive_field(L=2, fold)" in report.spec
+    assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+    assert all(c.errors["forces"] < 1e-10 for c in report.cases)
+
+
+def test_without_fairchem_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fairchem (its import fails): an OptionalDependencyError naming the extra."""
+    for name in [m for m in sys.modules if m == "fairchem" or m.startswith("fairchem.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "fairchem", None)  # import fairchem -> ImportError
+    from nvdd.models import UMAModel
+
+    for call in (
+        lambda: UMAModel(torch.nn.Linear(1, 1)),
+        lambda: UMAModel.from_config(BACKBONE),
+        lambda: UMAModel.from_checkpoint("checkpoint.pt"),
+    ):
+        with pytest.raises(OptionalDependencyError, match=r"pip install 'nvdd-models\[uma\]'"):
+            call()
