@@ -500,3 +500,128 @@ def test_a_one_call_provider_is_captured_only_when_it_declares_capture() -> None
     assert dyn.graphs.captures == 0 and dyn.graphs.last_drop is None
     graphed, _ = _run_split(True, steps=8)
     assert graphed.force_provider.splits_step and graphed.graphs.captures >= 1
+
+
+#: What a force provider does in a step: its phases and its declared decision.
+_PHASES = frozenset(
+    {"open", "decide", "rebuild", "exchange", "forward", "fold", "close"}
+    | {"begin_step", "take_verdict"}
+)
+
+
+def _watched_run(halo: bool) -> tuple[Any, list[list[tuple[str, str, bool]]], set[str]]:
+    """A DomainParallel LJ run on a world of one under the capture emulation.
+    Returns its graph counters, the stack of every capture (module, function,
+    whether the frame is a provider's method) and who called a provider's phases."""
+    import sys
+
+    import nvdd.dynamics._graph_step as graph_step
+    from nvdd.core import shutdown_distributed
+    from nvdd.dynamics import DomainConfig, DomainParallel, ModelForceProvider
+    from nvdd.dynamics._provider import ProviderBase
+    from nvdd.models import LennardJones, LJConfig
+
+    providers = (ProviderBase, ModelForceProvider)
+    stacks: list[list[tuple[str, str, bool]]] = []
+    callers: set[str] = set()
+
+    def stack() -> list[tuple[str, str, bool]]:
+        out, f = [], sys._getframe(2)
+        while f is not None:
+            here = isinstance(f.f_locals.get("self"), providers)
+            out.append((str(f.f_globals.get("__name__")), f.f_code.co_name, here))
+            f = f.f_back
+        return out
+
+    class Watched:
+        def __init__(self, graph: Any) -> None:
+            self.graph, self.executes_on_capture = graph, graph.executes_on_capture
+
+        def capture(self, body: Any) -> Any:
+            stacks.append(stack())
+            return self.graph.capture(body)
+
+        def replay(self) -> None:
+            self.graph.replay()
+
+    real = graph_step.make_step_graph
+
+    def make(device: torch.device, pool: Any = None) -> Any:
+        graph = real(device, pool)
+        return None if graph is None else Watched(graph)
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        phase = event == "call" and frame.f_code.co_name in _PHASES
+        if phase and isinstance(frame.f_locals.get("self"), providers):
+            callers.add(str(frame.f_back.f_globals.get("__name__")))
+
+    g = torch.Generator().manual_seed(0)
+    axes = (torch.arange(5), torch.arange(4), torch.arange(4))
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3).double() * 1.4
+    crystal = Batch(  # a cold LJ crystal: steady steps (one plan) from the start
+        positions=grid + 0.02 * torch.randn(grid.shape, generator=g, dtype=torch.float64),
+        atomic_numbers=torch.full((grid.shape[0],), 18),
+        velocities=torch.randn(grid.shape, generator=g, dtype=torch.float64) * 0.002,
+        cell=torch.diag(torch.tensor([7.0, 5.6, 5.6], dtype=torch.float64)),
+        pbc=[True, True, True],
+    )
+    model = LennardJones(LJConfig(cutoff=2.5, epsilon=0.02, sigma=1.05))
+    dyn = VelocityVerlet(model, crystal, dt_fs=1.0, cuda_graphs=True)
+    config = DomainConfig(cutoff=2.5, skin=0.3, halo_on_one_rank=halo)
+    dp = DomainParallel(dyn, config, watchdog_s=0)
+    graph_step.make_step_graph = make  # type: ignore[assignment]
+    try:
+        dp.partition()
+        with emulated_capture():
+            sys.setprofile(profile)
+            try:
+                dp.run(12)
+            finally:
+                sys.setprofile(None)
+        counters = (dyn.graphs.captures, dyn.graphs.replays, dp.model.splits_step)
+    finally:
+        graph_step.make_step_graph = real  # type: ignore[assignment]
+        dp.close()
+        shutdown_distributed()  # the world of one this process created
+    return counters, stacks, callers
+
+
+@pytest.mark.parametrize("halo", [False, True], ids=["whole-batch", "halo-split"])
+def test_the_step_captures_the_provider_s_phases_from_outside(halo: bool) -> None:
+    """Capture wraps a provider from outside (issue 35 item 3): every capture is
+    entered from the step (``_step.step`` -> ``StepGraphs``) with no provider
+    method and no model code on the stack, and every phase of the provider,
+    its decision of a split step (``begin_step``, ``take_verdict``) included, is
+    called by the step module, in replays and eager steps alike. Before, the
+    split step's decision was called from ``_graph_step``."""
+    (captures, replays, splits), stacks, callers = _watched_run(halo)
+    assert captures >= 1 and replays >= 5 and len(stacks) >= captures
+    assert splits is halo  # (the halo's steps are cut at its rebuild decision)
+    for frames in stacks:
+        modules = [m for m, _, _ in frames]
+        assert modules[0] == "nvdd.dynamics._graph_step", frames[:3]
+        assert ("nvdd.dynamics._step", "step") in [(m, f) for m, f, _ in frames]
+        inside = [(m, f) for m, f, mine in frames if mine or m.startswith("nvdd.models")]
+        assert inside == [], "a provider or a model captured a step"
+    assert callers == {"nvdd.dynamics._step"}
+
+
+def test_only_the_step_module_cuts_a_step_and_only_step_graphs_captures() -> None:
+    """``_graph_step`` names none of the step's stages (a provider's phases or
+    decision, the integrator's halves): it records the pieces the step module
+    hands it. And nothing in nvdd-dynamics or nvdd-models but ``_graph_step``
+    makes a step graph (``make_step_graph``) or runs one (``run_step``, called
+    by ``_step`` alone)."""
+    src = pathlib.Path(nvdd.dynamics.__file__).parent
+    stages = _PHASES | {"splits_step", "pre_update", "post_update", "compute"}
+    tree = ast.parse((src / "_graph_step.py").read_text())
+    named = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} & stages)
+    assert named == []
+    users: dict[str, set[str]] = {"make_step_graph": set(), "run_step": set()}
+    for package in (nvdd.dynamics, nvdd.models):
+        for path in sorted(pathlib.Path(package.__file__).parent.glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+                if isinstance(node, ast.Attribute | ast.Name) and name in users:
+                    users[name].add(path.name)
+    assert users == {"make_step_graph": {"_graph_step.py"}, "run_step": {"_step.py"}}

@@ -3,10 +3,20 @@
 A small system on a GPU is launch-bound: a velocity-Verlet step with the Warp
 Lennard-Jones model is about 35 small launches and a few hundred microseconds
 of Python. :class:`StepGraphs` captures the middle of a step (``pre_update``,
-``compute``, ``post_update``) once the run is steady and replays it on later
-steps: one launch, no Python per kernel. Hooks of ``BEFORE_STEP``,
+the force phases, ``post_update``) once the run is steady and replays it on
+later steps: one launch, no Python per kernel. Hooks of ``BEFORE_STEP``,
 ``AFTER_STEP`` and ``ON_CONVERGE`` still run around a replay; a step with a hook
 due in between runs eagerly.
+
+Who does what
+    The step (:func:`nvdd.dynamics._step.step`) hands :meth:`StepGraphs.run_step`
+    its :class:`~nvdd.dynamics._step.StepState` and its cut of a steady step
+    (:func:`~nvdd.dynamics._step.steady_segments`: the pieces, each a run of
+    the step's own phases); this module records, replays and drops those
+    pieces and calls nothing of the integrator or the provider but what they
+    declare for capture (``graph_key``). A force provider never captures: it
+    declares (``CapturableSteps``) and answers inside a capture
+    (:func:`nvdd.core.capturing`, :func:`nvdd.core.after_replay`).
 
 When a step is captured
     The integrator (:meth:`BaseDynamics.graph_key`), the force provider and the
@@ -28,13 +38,14 @@ A step split at a host decision
     is rebuilt (one all-reduced flag); a model with fixed-capacity buffers (the
     MPNN's device edges) must learn whether they overflowed before its forces
     are used. A provider that says so
-    (``splits_step``) is captured as two graphs: the *head* (``pre_update``,
-    then ``provider.begin_step(batch)``, which queues the decision and its
-    all-reduce on the device) and the *tail* (``compute``, ``post_update``).
-    A replay runs the head, reads the decision (``provider.take_verdict``: the
-    one host read a multi-rank step makes anyway), then replays the tail when
-    the halo still holds, or runs ``compute`` and ``post_update`` eagerly
-    (migration, a new plan) and drops both graphs, whose shapes no longer fit.
+    (``splits_step``) has its steps cut into a *head* (``pre_update``, then
+    ``provider.begin_step(batch)``, which queues the decision and its
+    all-reduce on the device), a *verdict* and a *tail* (the force phases,
+    ``post_update``; ``Segments``), captured as two graphs. A replay runs the
+    head, the verdict (``provider.take_verdict``: the one host read a
+    multi-rank step makes anyway), then replays the tail when the halo still
+    holds, or runs the tail eagerly (migration, a new plan) and drops both
+    graphs, whose shapes no longer fit.
     Every rank reads the same all-reduced decision, so all ranks take the same
     branch; an eager step and a replay issue the same collectives in the same
     order, so ranks that capture at different steps still match.
@@ -86,33 +97,15 @@ from nvdd.core import (
     can_capture,
     make_step_graph,
 )
-from nvdd.dynamics._hooks import Hook, HookStage
-from nvdd.dynamics._step import StepState
+from nvdd.dynamics._hooks import HookStage
+from nvdd.dynamics._step import Integrator, Segments, StepState
 
 
-class Captured(Protocol):
-    """What :class:`StepGraphs` needs of its integrator (``BaseDynamics``)."""
-
-    step_count: int
-    hooks: list[Hook]
-    outputs: dict[str, torch.Tensor]
-
-    @property
-    def batch(self) -> Batch: ...
-
-    @batch.setter
-    def batch(self, batch: Batch) -> None: ...
-
-    @property
-    def step_state(self) -> StepState: ...
+class Captured(Integrator, Protocol):
+    """What :class:`StepGraphs` needs of its integrator (``BaseDynamics``): what
+    the step needs, and the integrator's own key."""
 
     def graph_key(self) -> Hashable | None: ...
-
-    def pre_update(self) -> None: ...
-
-    def compute(self) -> None: ...
-
-    def post_update(self) -> None: ...
 
 
 __all__ = ["CUDA_GRAPHS_ENV", "WARMUP_STEPS", "StepGraphs", "cuda_graphs_default"]
@@ -194,9 +187,10 @@ class StepGraphs:
         self.drops = 0
         self.last_drop: str | None = None
         self._graph: StepGraph | None = None
-        # a split step: the tail graph, its provider, the head's callbacks
+        # the pieces of the held step (the step module's cut); a split step: the
+        # tail graph and the head's callbacks
+        self._segments: Segments | None = None
         self._tail: StepGraph | None = None
-        self._split: Any = None
         self._head_callbacks: list[Callable[[], bool]] = []
         self._key: Hashable | None = None
         self._last_key: Hashable | None = None
@@ -216,10 +210,11 @@ class StepGraphs:
         """Whether a captured step is held (the next steady step replays it)."""
         return self._graph is not None
 
-    def key(self) -> Hashable | None:
-        """What a capture of the next step bakes in (None: not capturable now)."""
+    def key(self, st: StepState) -> Hashable | None:
+        """What a capture of the next step through ``st`` bakes in (None: not
+        capturable now): the integrator's key and its provider's (both declared)."""
         dyn = self.dyn
-        if not (self.enabled and dyn.step_state.forces_ready):
+        if not (self.enabled and st.forces_ready):
             return None
         own = dyn.graph_key()
         if own is None:
@@ -227,7 +222,7 @@ class StepGraphs:
         step = dyn.step_count
         if any(h.stage in _INSIDE and h.due(step) for h in dyn.hooks):
             return None
-        inner = dyn.step_state.provider.graph_key(dyn.batch)
+        inner = st.provider.graph_key(st.batch)
         if inner is None:
             return None
         return (type(dyn), own, inner)
@@ -242,8 +237,8 @@ class StepGraphs:
             self.drops += 1
             self.last_drop = reason
         self._graph = None
+        self._segments = None
         self._tail = None
-        self._split = None
         self._head_callbacks = []
         self._key = None
         self._static = {}
@@ -251,14 +246,16 @@ class StepGraphs:
         self._outputs = {}
         self._streak = 0
 
-    def run_step(self) -> bool:
-        """Run ``pre_update``, ``compute`` and ``post_update`` as a replay (or
-        capture them); False when this step must run eagerly (nothing was done)."""
+    def run_step(self, st: StepState, cut: Callable[[StepState], Segments]) -> bool:
+        """Run the middle of a step through ``st`` as a replay (or capture it, in
+        the pieces ``cut(st)`` returns: the step module's
+        :func:`~nvdd.dynamics._step.steady_segments`); False when this step must
+        run eagerly (nothing was done)."""
         if not (self.enabled and can_capture(self.dyn.batch.device)):
             if self._graph is not None:
                 self.drop("capture was turned off")
             return False  # (a CPU run pays nothing else)
-        key = self.key()
+        key = self.key(st)
         if key is None:
             self.drop("a step that cannot be captured")
             self._last_key = None
@@ -267,7 +264,7 @@ class StepGraphs:
             # (an integrator may read the step from a device counter: Langevin's noise)
             steady = key == self._key and self.dyn.step_count == self._next_step
             if steady and self._bind_inputs():
-                self._replay()
+                self._replay(st)
                 return True
             self.drop("the step's keys, inputs or step count changed")
         rebuilt, self._rebuilt = self._rebuilt, False
@@ -280,10 +277,10 @@ class StepGraphs:
         graph = make_step_graph(self.dyn.batch.device, self._pool("head"))
         if graph is None:
             return False
-        split = self.dyn.step_state.provider
-        if split.splits_step:
-            return self._capture_split(graph, split)
-        return self._capture(graph)
+        segments = cut(st)
+        if segments.verdict is not None:
+            return self._capture_split(graph, st, segments)
+        return self._capture(graph, st, segments)
 
     # ------------------------------------------------------------ internals
     def _pool(self, role: str) -> GraphPool:
@@ -339,45 +336,37 @@ class StepGraphs:
 
         return body
 
-    def _middle(self) -> None:
-        self.dyn.pre_update()
-        self.dyn.compute()
-        self.dyn.post_update()
-
-    def _rest(self) -> None:
-        self.dyn.compute()
-        self.dyn.post_update()
-
-    def _capture(self, graph: StepGraph) -> bool:
+    def _capture(self, graph: StepGraph, st: StepState, segments: Segments) -> bool:
+        """Capture the middle in one piece (``segments.head``); the step is done
+        when this returns True."""
         dyn = self.dyn
         before, outputs_before = dyn.batch, dyn.outputs
         pre = _fields(before)
         changed: list[str] = []
         try:
-            callbacks = graph.capture(self._recording(pre, changed, self._middle))
+            callbacks = graph.capture(self._recording(pre, changed, lambda: segments.head(dyn, st)))
         except CaptureError as exc:
             dyn.batch, dyn.outputs = before, outputs_before
             return self._failed(graph, exc)
-        self._keep(graph, pre, changed, callbacks)
+        self._keep(graph, st, segments, pre, changed, callbacks)
         if not graph.executes_on_capture:
             graph.replay()
         self._after_replay()
         return True
 
-    def _capture_split(self, head: StepGraph, split: Any) -> bool:
-        """Capture a step as a head and a tail graph around ``split``'s decision
-        (module notes); the step is done when this returns True."""
+    def _capture_split(self, head: StepGraph, st: StepState, segments: Segments) -> bool:
+        """Capture a step as a head and a tail graph around its verdict (module
+        notes); the step is done when this returns True."""
         dyn = self.dyn
+        verdict, rest = segments.verdict, segments.tail
+        assert verdict is not None and rest is not None
         before, outputs_before = dyn.batch, dyn.outputs
         pre = _fields(before)
         changed: list[str] = []
-
-        def head_stages() -> None:
-            dyn.pre_update()
-            split.begin_step(dyn.batch)
-
         try:
-            head_callbacks = head.capture(self._recording(pre, changed, head_stages))
+            head_callbacks = head.capture(
+                self._recording(pre, changed, lambda: segments.head(dyn, st))
+            )
         except CaptureError as exc:
             dyn.batch, dyn.outputs = before, outputs_before
             return self._failed(head, exc)
@@ -385,8 +374,8 @@ class StepGraphs:
         if not head.executes_on_capture:
             head.replay()
         head_fits = _run_callbacks(head_callbacks)
-        if not split.take_verdict(dyn.batch):  # the halo is rebuilt: no graph to keep
-            self._rest()
+        if not verdict(dyn, st):  # the halo is rebuilt: no graph to keep
+            rest(dyn, st)
             self._rebuilt = True
             return True
         after_head = dyn.batch
@@ -394,17 +383,17 @@ class StepGraphs:
         try:
             if tail is None:  # pragma: no cover - the head's device gave a graph
                 raise CaptureError("no graph for the tail of the step")
-            tail_callbacks = tail.capture(self._recording(pre, changed, self._rest))
+            tail_callbacks = tail.capture(self._recording(pre, changed, lambda: rest(dyn, st)))
         except CaptureError as exc:
             dyn.batch, dyn.outputs = after_head, outputs_before
             if tail is None or tail.executes_on_capture:
                 raise
             self._failed(tail, exc)
-            split.take_verdict(dyn.batch)  # (the failed capture consumed the decision)
-            self._rest()
+            verdict(dyn, st)  # (the failed capture consumed the decision)
+            rest(dyn, st)
             return True
-        self._keep(head, pre, changed, tail_callbacks)
-        self._tail, self._split, self._head_callbacks = tail, split, head_callbacks
+        self._keep(head, st, segments, pre, changed, tail_callbacks)
+        self._tail, self._head_callbacks = tail, head_callbacks
         if not tail.executes_on_capture:
             tail.replay()
         self._after_replay()
@@ -430,6 +419,8 @@ class StepGraphs:
     def _keep(
         self,
         graph: StepGraph,
+        st: StepState,
+        segments: Segments,
         pre: dict[str, torch.Tensor],
         changed: list[str],
         callbacks: list[Callable[[], bool]],
@@ -443,18 +434,20 @@ class StepGraphs:
         self._outputs = dyn.outputs
         self._callbacks = callbacks
         self._graph = graph
-        self._key = self.key()  # as the host sees it after the capture
+        self._segments = segments
+        self._key = self.key(st)  # as the host sees it after the capture
 
-    def _replay(self) -> None:
-        """Replay the held step (a split step: head, decision, then the tail or
+    def _replay(self, st: StepState) -> None:
+        """Replay the held step (a split step: head, verdict, then the tail or
         the rest of the step eagerly)."""
-        assert self._graph is not None
+        assert self._graph is not None and self._segments is not None
         self._graph.replay()
         if self._tail is not None:
-            split, dyn = self._split, self.dyn
+            dyn, verdict, rest = self.dyn, self._segments.verdict, self._segments.tail
+            assert verdict is not None and rest is not None
             try:
                 head_fits = _run_callbacks(self._head_callbacks)
-                steady = split.take_verdict(dyn.batch)
+                steady = verdict(dyn, st)
             except BaseException:
                 self.drop("the step's decision raised")
                 raise
@@ -462,7 +455,7 @@ class StepGraphs:
                 self.drop(
                     "the provider decided against the captured rest (a halo rebuild, or buffers that grow)"
                 )
-                self._rest()
+                rest(dyn, st)
                 self._rebuilt = True
                 return
             self._tail.replay()

@@ -12,6 +12,15 @@
     dyn.post_update()            integrate, second half (kick)
     hooks                        AFTER_STEP (and those of every stage in between)
 
+Once a run is steady, the middle (``pre_update`` to ``post_update``) is a
+replay of CUDA graphs (``dyn.graphs``, :class:`~nvdd.dynamics.StepGraphs`) of
+the pieces :func:`steady_segments` cuts it into: whole, or, when the provider
+decides on the host every step (``splits_step``: the halo's rebuild flag), a
+head (``pre_update``, the decision queued on the device), the verdict read
+between, and a tail (the force phases, ``post_update``). The provider declares
+what may be captured (:class:`CapturableSteps`); capture wraps its phases from
+here, never from inside it.
+
 The :class:`StepState` carries who does what (provider, reducer, hook runner,
 heartbeat, the owner of the atoms) and what the phases hand each other. One
 process steps through the integrator's own state, whose provider runs the model
@@ -40,6 +49,7 @@ __all__ = [
     "Integrator",
     "PhasedProvider",
     "Reducer",
+    "Segments",
     "StateOwner",
     "StepState",
     "compute",
@@ -47,6 +57,7 @@ __all__ = [
     "ensure_forces",
     "fire",
     "run",
+    "steady_segments",
     "step",
 ]
 
@@ -220,7 +231,7 @@ class StepState:
 
 
 class _Graphs(Protocol):
-    def run_step(self) -> bool: ...
+    def run_step(self, st: StepState, cut: Callable[[StepState], Segments]) -> bool: ...
 
 
 class Integrator(Protocol):
@@ -256,7 +267,7 @@ def step(dyn: Integrator, st: StepState) -> None:
     """
     ensure_forces(dyn, st)
     fire(dyn, st, HookStage.BEFORE_STEP)
-    if not dyn.graphs.run_step():  # a replay of the captured middle, when steady
+    if not dyn.graphs.run_step(st, steady_segments):  # steady: the segments below, replayed
         fire(dyn, st, HookStage.BEFORE_PRE_UPDATE)
         dyn.pre_update()  # integrate, first half
         fire(dyn, st, HookStage.AFTER_PRE_UPDATE)
@@ -279,6 +290,69 @@ def step(dyn: Integrator, st: StepState) -> None:
     if dyn.is_converged():
         dyn.converged = True
         fire(dyn, st, HookStage.ON_CONVERGE)
+
+
+# ------------------------------------------- a steady step, cut for capture
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """The middle of a steady step (``pre_update`` to ``post_update``, no hook
+    due in between) as the pieces a capture records: :func:`steady_segments`
+    cuts it, ``StepGraphs`` captures and replays the pieces it is handed.
+
+    Attributes
+    ----------
+    head:
+        Captured first; alone, the whole middle.
+    verdict:
+        A host decision read after the head (None: there is none): True when the
+        captured ``tail`` may run; False when ``tail`` runs eagerly instead and
+        the graphs are dropped.
+    tail:
+        The rest of the middle, after ``verdict``.
+    """
+
+    head: Callable[[Integrator, StepState], None]
+    verdict: Callable[[Integrator, StepState], bool] | None = None
+    tail: Callable[[Integrator, StepState], None] | None = None
+
+
+def _middle(dyn: Integrator, st: StepState) -> None:
+    """Integrate, the force phases (:func:`compute`), integrate."""
+    dyn.pre_update()
+    compute(dyn, st)
+    dyn.post_update()
+
+
+def _head(dyn: Integrator, st: StepState) -> None:
+    """Integrate, then the provider's decision queued on the device (its
+    ``begin_step``: e.g. the all-reduced rebuild flag of the halo), unread."""
+    dyn.pre_update()
+    st.provider.begin_step(st.batch)
+
+
+def _verdict(dyn: Integrator, st: StepState) -> bool:
+    """The provider reads its decision (one host read): True when nothing is rebuilt."""
+    return st.provider.take_verdict(st.batch)
+
+
+def _tail(dyn: Integrator, st: StepState) -> None:
+    """The force phases (:func:`compute`; ``decide`` reuses the verdict), integrate."""
+    compute(dyn, st)
+    dyn.post_update()
+
+
+#: A steady step in one piece.
+WHOLE_STEP = Segments(_middle)
+#: A steady step cut at the provider's host decision (``splits_step``).
+SPLIT_STEP = Segments(_head, _verdict, _tail)
+
+
+def steady_segments(st: StepState) -> Segments:
+    """How a steady step through ``st`` is captured: in one piece, or cut at the
+    host decision its provider makes every step (``st.provider.splits_step``: the
+    halo's rebuild flag, a model's buffer overflow) into a head, the verdict and
+    a tail. Asked when a step is captured; the pieces are the step's own phases."""
+    return SPLIT_STEP if st.provider.splits_step else WHOLE_STEP
 
 
 def run(dyn: Integrator, st: StepState, n_steps: int) -> bool:

@@ -18,7 +18,7 @@ a CUDA graph. Here instead:
    dropped silently: outside a capture the word is read at once (one host read,
    as the Verlet list's own test) and the list or the capacity grows and the
    call is repeated; inside a capture the word is read by whoever owns the step
-   (:meth:`verdict`, the split step of ``nvdd.dynamics.StepGraphs``) before the
+   (:meth:`verdict`, the verdict of a split step: ``nvdd.dynamics._step.steady_segments``) before the
    step's forces are used, and an overflowing step is recomputed eagerly.
 
 Capacities grow only, with headroom (:func:`edge_capacity`), so a steady run

@@ -656,8 +656,10 @@ class ReferenceMPNN(HaloModelMixin, torch.nn.Module):
     @property
     def splits_step(self) -> bool:
         """Whether a step through this model in the current context is split at
-        :meth:`begin_step` / :meth:`take_verdict` (``nvdd.dynamics.StepGraphs``;
-        under the halo the runtime then searches in the head of every step):
+        :meth:`begin_step` / :meth:`take_verdict` (the step module cuts a captured
+        step there, ``nvdd.dynamics._step.steady_segments``, and
+        ``nvdd.dynamics.StepGraphs`` replays the pieces; the model never
+        captures; under the halo the runtime then searches in the head of every step):
         when the context's calls may take the device edges. Decided by the
         configuration and the layout's kind, never by a rank's rows, so every
         rank answers alike (the runtime's collectives depend on it): not with
