@@ -451,33 +451,44 @@ def test_each_role_recaptures_into_its_own_kept_pool(monkeypatch: pytest.MonkeyP
     assert later and not later & (pools["head"] | pools["tail"])
 
 
-#: What a provider declares of capture (``_step.CapturableSteps``) and its phases.
-_DECLARED = frozenset(
-    {"graph_key", "splits_step", "begin_step", "take_verdict"}
-    | {"open", "decide", "rebuild", "exchange", "forward", "fold", "close"}
-)
+#: What a provider declares of capture (``_step.CapturableSteps``).
+_CAPTURE = frozenset({"graph_key", "splits_step", "begin_step", "take_verdict"})
+#: The phases of a provider (generic names: checked in the runtime's modules only).
+_PHASE_NAMES = frozenset({"open", "decide", "rebuild", "exchange", "forward", "fold", "close"})
+#: nvdd-dynamics' validation tooling inspects models' modules on purpose.
+_TOOLING = {"_validate.py", "_probe.py", "_diagnose.py", "_verify.py", "_spec_report.py"}
+
+
+def _probes(path: pathlib.Path, names: frozenset[str]) -> list[str]:
+    """``getattr`` / ``hasattr`` calls in ``path`` whose name is a literal of ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) > 1
+            and any(
+                isinstance(c, ast.Constant) and c.value in names for c in ast.walk(node.args[1])
+            )
+        ):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
 
 
 def test_capture_reads_what_a_provider_declares_never_probes_it() -> None:
-    """No ``getattr`` / ``hasattr`` of a capture capability or a phase by name in
-    nvdd-dynamics or nvdd-models: the step module calls what ``PhasedProvider``
-    and ``CapturableSteps`` declare (mypy checks the calls), and a one-call
-    provider is asked once, when it is wrapped (``isinstance``)."""
+    """No ``getattr`` / ``hasattr`` of a capture capability by name in
+    nvdd-dynamics or nvdd-models, nor of a phase in the runtime's modules: the
+    step module calls what ``PhasedProvider`` and ``CapturableSteps`` declare
+    (mypy checks the calls), and a one-call provider is asked once, when it is
+    wrapped (``isinstance``)."""
     found = []
-    for package in (nvdd.dynamics, nvdd.models):
-        for path in sorted(pathlib.Path(package.__file__).parent.glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Name)
-                    and node.func.id in ("getattr", "hasattr")
-                    and len(node.args) > 1
-                    and any(
-                        isinstance(c, ast.Constant) and c.value in _DECLARED
-                        for c in ast.walk(node.args[1])
-                    )
-                ):
-                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    runtime = pathlib.Path(nvdd.dynamics.__file__).parent
+    for path in sorted(runtime.glob("*.py")):
+        if path.name not in _TOOLING:
+            found += _probes(path, _CAPTURE | _PHASE_NAMES)
+    for path in sorted(pathlib.Path(nvdd.models.__file__).parent.glob("*.py")):
+        found += _probes(path, _CAPTURE)
     assert found == []
 
 
