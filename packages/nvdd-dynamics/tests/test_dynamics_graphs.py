@@ -636,3 +636,46 @@ def test_only_the_step_module_cuts_a_step_and_only_step_graphs_captures() -> Non
                 if isinstance(node, ast.Attribute | ast.Name) and name in users:
                     users[name].add(path.name)
     assert users == {"make_step_graph": {"_graph_step.py"}, "run_step": {"_step.py"}}
+
+
+class _FailingCudaGraph:
+    """A stand-in for a CUDA graph whose capture fails (a CUDA capture records
+    without executing: ``executes_on_capture`` is False)."""
+
+    executes_on_capture = False
+
+    def capture(self, body: Any) -> list[Any]:
+        raise CaptureError("operation not permitted when stream is capturing")
+
+    def replay(self) -> None:  # pragma: no cover - never captured
+        raise AssertionError("replayed a graph that was never captured")
+
+
+@pytest.mark.parametrize("role", ["head", "tail"])
+def test_a_failed_cuda_capture_warns_and_the_step_runs_eagerly(
+    role: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA-only fallback, on the CPU: a capture of the head (or whole
+    step) or of a split step's tail that fails turns capture off with a warning,
+    and the step that tried (its verdict taken again after a failed tail) and
+    every later one run eagerly: the trajectory equals the eager one."""
+    import sys
+
+    import nvdd.dynamics._graph_step as graph_step
+
+    real = graph_step.make_step_graph
+
+    def make(device: torch.device, pool: Any = None) -> Any:
+        tail = sys._getframe(1).f_code.co_name == "_capture_split"
+        return _FailingCudaGraph() if tail == (role == "tail") else real(device, pool)
+
+    monkeypatch.setattr(graph_step, "make_step_graph", make)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    eager, p0 = _run_split(False)
+    with pytest.warns(RuntimeWarning, match="step capture failed"):
+        graphed, p1 = _run_split(True)
+    _assert_same(graphed, eager)
+    assert not graphed.graphs.enabled and graphed.graphs.captures == 0
+    assert "capture failed" in (graphed.graphs.last_drop or "")
+    assert p1.rebuilds == p0.rebuilds
+    assert p1.verdicts == (2 if role == "tail" else 0)  # the failed tail's step: taken again
