@@ -37,6 +37,10 @@ GPU (the commands of docs/benchmarks.md; repository root, PYTHONPATH with every
         --steps 100 --warmup 20 --worlds 1 2
     # the largest LJ fp32 system one GPU holds
     python benchmarks/bench_dp.py --device cuda --largest --dtype float32
+    # ghost rows only where a neighbour rank is (record 0079): the halo-forced
+    # one-rank step with every axis left to the model, against the default
+    python benchmarks/bench_dp.py --device cuda --cells 32 63 100 --dtype float32 \
+        --steps 100 --warmup 20 --worlds 1 --no-peer --wrap-whole-axes off on
 
 CPU smoke check (the peer runs on Warp's CPU backend too)::
 
@@ -302,12 +306,15 @@ def dd(
     model: str = "lj",
     halo: bool = False,
     graphs: bool = True,
+    wrap: bool = False,
 ) -> dict[str, Any]:
     """DomainParallel on the ranks of the current process group.
 
     ms/step is timed without per-phase synchronisation; the phase shares come
     from a second, shorter run with synchronised phase timers. ``halo``: on one
     rank, run the halo path anyway (``DomainConfig(halo_on_one_rank=True)``).
+    ``wrap``: leave the periodic axes the rank grid leaves whole to the model
+    (``DomainConfig(wrap_whole_axes=True)``, record 0079).
     """
     import torch.distributed as dist
 
@@ -324,7 +331,9 @@ def dd(
     dyn = VelocityVerlet(_model(device, dtype), batch, dt_fs=DT_FS, cuda_graphs=graphs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = DomainConfig(cutoff=CUTOFF[MODEL], skin=SKIN, halo_on_one_rank=halo)
+        config = DomainConfig(
+            cutoff=CUTOFF[MODEL], skin=SKIN, halo_on_one_rank=halo, wrap_whole_axes=wrap
+        )
         dp = DomainParallel(dyn, config)
         with dp:
             dp.partition()
@@ -477,6 +486,10 @@ def main() -> None:
     p.add_argument("--graphs", nargs="+", default=["on"], choices=["on", "off"],
                    help="raw and DomainParallel legs with steady steps replayed from a CUDA "
                    "graph (on, the default), eagerly (off), or both")  # fmt: skip
+    p.add_argument("--wrap-whole-axes", nargs="+", default=["off"], choices=["off", "on"],
+                   help="DomainParallel legs with image rows on every periodic axis (off, the "
+                   "default), with the axes the rank grid leaves whole left to the model "
+                   "(on: DomainConfig(wrap_whole_axes=True)), or both")  # fmt: skip
     p.add_argument("--largest", action="store_true",
                    help="double the raw LJ system until out of memory (first --dtype)")  # fmt: skip
     p.add_argument("--start-cells", type=int, default=100, help="--largest: first size")
@@ -543,17 +556,27 @@ def main() -> None:
                     per_rank = max(1, threads // world)
                     for graphs in modes if world == 1 else modes[:1]:
                         tag = "" if graphs or len(modes) == 1 else " eager"
-                        for halo in (False, True) if world == 1 else (False,):
+                        for halo, wrap in (
+                            (h, w == "on")
+                            for h in ((False, True) if world == 1 else (False,))
+                            for w in args.wrap_whole_axes
+                            if h or world > 1 or w == "off"  # (one rank: nothing to wrap)
+                        ):
                             every = spawn_ranks(
                                 dd, world, cells, args.steps, args.warmup, args.device, dtype,
-                                args.model, halo, graphs, backend=backend, timeout_s=1800,
+                                args.model, halo, graphs, wrap, backend=backend, timeout_s=1800,
                                 threads_per_rank=per_rank, start_method="spawn",
                             )  # fmt: skip
                             res = _dd_row(every)
                             label = "DomainParallel" + (
                                 " (halo forced" + tag + ")" if halo else tag
                             )
-                            rows.append({"run": label, "ranks": world, "graphs": graphs, **res})
+                            if wrap:
+                                label += " (whole axes wrapped)"
+                            rows.append(
+                                {"run": label, "ranks": world, "graphs": graphs, "wrap": wrap,
+                                 **res}
+                            )  # fmt: skip
                 atoms = rows[0]["atoms"] if rows else 4 * cells**3
                 if args.model == "lj":
                     times = builds(cells, args.device, dtype)

@@ -141,3 +141,44 @@ def test_every_image_within_the_ghost_width_is_selected(
         allowed = _oracle(pos, cell, boxes, gw, rank, margin / 0.1)
         extra = got - allowed
         assert not extra, f"rank {rank}: ghosts beyond the margin: {sorted(extra)[:5]}"
+
+
+@pytest.mark.parametrize("backend", [SelectBackend.WARP, SelectBackend.TORCH])
+@pytest.mark.parametrize("kind", sorted(_CELLS))
+def test_wrapped_axes_get_no_image_rows_and_lose_no_ghost(
+    kind: str, backend: SelectBackend
+) -> None:
+    """``wrapped`` y and z (a 2x1x1 grid leaves them whole; the model applies
+    their periodicity): exactly the oracle's ghosts with their y and z images
+    folded onto image 0 (one row per atom and x image), none of them the owned
+    row; fewer rows than with explicit images on every axis."""
+    gw = _GHOST_WIDTHS[0]
+    pos, cell = _system(kind, gw, torch.float64)
+    boxes = torch.tensor(
+        [[[0.0, 0.0, 0.0], [0.5, 1.0, 1.0]], [[0.5, 0.0, 0.0], [1.0, 1.0, 1.0]]],
+        dtype=torch.float64,
+    )
+    pbc = torch.ones(1, 3, dtype=torch.bool)
+    wrapped = torch.tensor([[False, True, True]])
+    config = ParticleHaloConfig(boxes=boxes[None], pbc=pbc, ghost_width=gw, wrapped=wrapped)
+    explicit = ParticleHaloConfig(boxes=boxes[None], pbc=pbc, ghost_width=gw)
+    n = pos.shape[0]
+    ids = torch.arange(n, dtype=torch.int64)
+    system = torch.zeros(n, dtype=torch.int64)
+    for rank in (0, 1):
+        selection, _, message = select_ghosts(config, pos, ids, system, cell[None], rank, backend)
+        assert selection is not None, message
+        assert not bool(selection.meta[:, 2:4].any()), "an image along a wrapped axis"
+        dest = torch.repeat_interleave(torch.arange(2), selection.send_counts)
+        rows = [(int(d), int(m[0]), int(m[1])) for d, m in zip(dest, selection.meta, strict=True)]
+        assert len(rows) == len(set(rows)), "one row per (destination, atom, x image)"
+        need = {(d, i, n0) for d, i, n0, _, _ in _oracle(pos, cell, boxes, gw, rank, 0.0)}
+        need = {k for k in need if not (k[0] == rank and k[2] == 0)}  # the owned rows
+        allowed = {
+            (d, i, n0)
+            for d, i, n0, _, _ in _oracle(pos, cell, boxes, gw, rank, 4 * rounding_margin(
+                torch.float64, 1.5) / 0.1)
+        }  # fmt: skip
+        assert need <= set(rows) <= allowed
+        full, _, _ = select_ghosts(explicit, pos, ids, system, cell[None], rank, backend)
+        assert full is not None and 0 < len(rows) < int(full.send_counts.sum())

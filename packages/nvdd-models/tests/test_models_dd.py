@@ -248,6 +248,31 @@ def test_model_inputs_are_checked_against_the_layout() -> None:
     assert out["forces"].shape == layout.batch.positions.shape
 
 
+class _LeavesAxes:
+    """A halo layout that leaves y and z to the model (``periodic_axes``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.periodic_axes = torch.tensor([[False, True, True]])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("kind", ["lj", "mpnn"])
+def test_a_halo_that_leaves_axes_to_the_model_wants_exactly_those_periodic(kind: str) -> None:
+    full = global_batch("periodic-2", kind)
+    layout = ghost_layout(full, torch.arange(full.n_atoms), 2.5)
+    halo = _LeavesAxes(SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :]))
+    model = make_model(kind)
+    with dd_scope(DDContext(layout=halo)):
+        with pytest.raises(ValidationError, match=r"periodic exactly along .*\[\[False, True"):
+            model(layout.batch)  # open boundaries where the layout left y and z
+        pbc = torch.tensor([[False, True, True]])
+        out = model(layout.batch.replace(pbc=pbc))  # exactly the layout's axes: accepted
+    assert out["forces"].shape == layout.batch.positions.shape
+
+
 # ------------------------------------------------------- gloo: N ranks vs 1
 def _oracle(kind: str, case: str, shift: float = 0.0, **kw: Any) -> dict[str, torch.Tensor]:
     """The single-process model (LJ: the torch reference whatever the ranks use)."""

@@ -343,6 +343,32 @@ def test_halo_config_carries_the_boxes() -> None:
         four.halo_config()  # (a failed check is not cached)
 
 
+def test_whole_axes_and_a_halo_config_that_leaves_them_to_the_model() -> None:
+    part = SpatialPartitioner(torch.eye(3) * 20, [True, False, True], 2, 2.0)
+    assert part.grid_dims == ((2, 1, 1),)
+    # y is whole but open (nothing periodic to leave), z whole and periodic
+    assert part.whole_axes.tolist() == [[False, False, True]]
+    one = SpatialPartitioner(torch.eye(3) * 20, [True, False, True], 1, 2.0)
+    wrapped = one.halo_config(wrap_whole_axes=True)  # (a group of one rank here)
+    assert wrapped.wrapped is not None and wrapped.wrapped.tolist() == [[True, False, True]]
+    assert wrapped.image_pbc.tolist() == [[False, False, False]]
+    assert one.halo_config().wrapped is None  # the default: explicit images everywhere
+    assert one.halo_config(wrap_whole_axes=True) is wrapped  # cached per (group, flag)
+    cube = SpatialPartitioner(torch.eye(3) * 20, [True] * 3, 4, 2.0, grid_dims=(2, 2, 1))
+    assert cube.whole_axes.tolist() == [[False, False, True]]
+    with pytest.raises(ConfigurationError, match="wrapped axis 0 of system 0 is cut"):
+        ParticleHaloConfig(
+            boxes=cube.boxes, pbc=cube.pbc, ghost_width=2.0, wrapped=torch.tensor([[True] * 3])
+        )
+    with pytest.raises(ConfigurationError, match="wrapped axis 1 of system 0 is open"):
+        ParticleHaloConfig(
+            boxes=part.boxes,
+            pbc=part.pbc,
+            ghost_width=2.0,
+            wrapped=torch.tensor([[False, True, False]]),
+        )
+
+
 def test_repr_names_grid_and_balance() -> None:
     part = SpatialPartitioner(torch.eye(3) * 20, [True] * 3, 2, 2.0)
     assert "grid_dims=[(2, 1, 1)]" in repr(part) and "UNIFORM" in repr(part)

@@ -64,6 +64,13 @@ class DomainConfig:
         so ``DomainParallel`` on one GPU costs what the model costs. ``True``
         runs the full halo path anyway (:class:`~nvdd.dynamics.DistributedModel`,
         periodic images as ghost rows), to test or measure it on one device.
+    wrap_whole_axes:
+        Along a periodic axis the rank grid leaves whole (grid dimension 1, e.g.
+        y and z of a ``2x1x1`` grid), leave periodicity to the model's
+        neighbour list (the real cell and pbc on that axis) instead of
+        explicit periodic image rows, for models whose spec declares
+        ``StrategyOptions.wraps_periodic_axes``; other models keep the image
+        rows. Image rows remain along split axes. Default False (record 0079).
     verify_model:
         Check the model decomposed against one process at ``partition`` and refuse
         it when they differ (:mod:`nvdd.dynamics._verify`). None (default): models
@@ -84,6 +91,7 @@ class DomainConfig:
     load_balance: bool = False
     halo_on_one_rank: bool = False
     verify_model: bool | None = None
+    wrap_whole_axes: bool = False
 
     def __post_init__(self) -> None:
         cutoff, skin = _real("cutoff", self.cutoff), _real("skin", self.skin)
@@ -106,8 +114,13 @@ class DomainConfig:
             raise ConfigurationError(
                 f"DomainConfig.halo_on_one_rank must be a bool, got {self.halo_on_one_rank!r}"
             )
+        if not isinstance(self.wrap_whole_axes, bool):
+            raise ConfigurationError(
+                f"DomainConfig.wrap_whole_axes must be a bool, got {self.wrap_whole_axes!r}"
+            )
         if self.strategy is StrategyKind.GRAPH_PARTITION:
             spatial = {
+                "wrap_whole_axes": self.wrap_whole_axes,
                 "grid_dims": self.grid_dims is not None,
                 "load_balance": self.load_balance,
                 "migration_hysteresis": self.migration_hysteresis is not None,

@@ -73,7 +73,9 @@ class DistributedModel(ProviderBase):
     """The halo: the model on this rank's ``[owned | ghost]`` rows, open boundaries.
 
     Ghost rows are explicit periodic images of atoms within the ghost width of
-    this rank's box. Also on a world of one rank (the images of its own atoms;
+    this rank's box (with :attr:`wraps_whole_axes`, not along the periodic axes
+    the rank grid leaves whole: the padded rows are periodic along those, with
+    the real cell). Also on a world of one rank (the images of its own atoms;
     ``DomainParallel`` runs :class:`~nvdd.dynamics.WholeBatchModel` there unless
     ``DomainConfig(halo_on_one_rank=True)``). Parameters and errors: those of
     :class:`~nvdd.dynamics._provider.ProviderBase`.
@@ -93,7 +95,9 @@ class DistributedModel(ProviderBase):
         self._begins = begins_steps(self.model)
         self._plan: HaloPlan | None = None
         self._static: Batch | None = None
-        self._open_pbc: torch.Tensor | None = None  # all-False pbc of the padded batch
+        # the padded batch's pbc (open, or periodic along the plan's periodic
+        # axes) and those axes as host flags: one tensor kept while they hold
+        self._padded_pbc: tuple[object, torch.Tensor] | None = None
         self._ref_positions: torch.Tensor | None = None
         self._ref_cell: torch.Tensor | None = None
         # (partitioner, its domain cell of _ref_cell, the reach the skin test
@@ -409,20 +413,43 @@ class DistributedModel(ProviderBase):
         local = sharded.local_batch
         part = sharded.partitioner
         plan = build_halo_plan(
-            part.halo_config(sharded.group),
+            part.halo_config(sharded.group, wrap_whole_axes=self.wraps_whole_axes),
             local.positions.detach(),
             local.atom_ids,
             local.system_index,
             part.domain_cell(local.cell),
         )
-        # ghosts are explicit images: open boundaries, one tensor kept across
-        # rebuilds (a model reads a pbc tensor it has not seen on the host)
-        pbc = self._open_pbc
-        if pbc is None or pbc.shape != local.pbc.shape or pbc.device != local.pbc.device:
-            pbc = self._open_pbc = torch.zeros_like(local.pbc)
-        self._install(local, plan, pbc)
+        self._install(local, plan, self._pbc_of(plan, local.pbc))
         self.stats.n_owned, self.stats.n_ghost = plan.n_owned, plan.n_ghost
         self._timer("plan", t0)
+
+    @property
+    def wraps_whole_axes(self) -> bool:
+        """Whether the halo leaves the periodic axes the rank grid leaves whole to
+        the model's neighbour list (no image rows along them): asked by
+        ``DomainConfig(wrap_whole_axes=True)`` and declared by the spec
+        (``StrategyOptions.wraps_periodic_axes``); record 0079."""
+        return self.config.wrap_whole_axes and self.spec.options.wraps_periodic_axes
+
+    def _pbc_of(self, plan: HaloPlan, like: torch.Tensor) -> torch.Tensor:
+        """The padded batch's pbc: periodic along ``plan.periodic_axes`` (the
+        axes left to the model), open along the others (explicit images). One
+        tensor is kept while the flags hold (a model reads a pbc tensor it has
+        not seen on the host)."""
+        axes = plan.periodic_axes
+        flags = None if axes is None else tuple(axes.reshape(-1).tolist())
+        kept = self._padded_pbc
+        if (
+            kept is None
+            or kept[0] != flags
+            or kept[1].shape != like.shape
+            or kept[1].device != like.device
+        ):
+            pbc = torch.zeros_like(like)
+            if axes is not None:
+                pbc = axes.reshape(like.shape).to(like.device)
+            kept = self._padded_pbc = (flags, pbc)
+        return kept[1]
 
     def _install(self, local: Batch, plan: HaloPlan, pbc: torch.Tensor) -> None:
         """Make ``plan`` current: the padded batch's fields that do not move (one

@@ -157,7 +157,10 @@ class DistributedPipelineModel(DistributedModel):
             merged = merged | s
         reach = max(float(m.cutoff) + s.options.extra_ghost_width for m, s in self.components)
         options = dataclasses.replace(
-            merged.options, extra_ghost_width=max(0.0, reach - config.cutoff)
+            merged.options,
+            extra_ghost_width=max(0.0, reach - config.cutoff),
+            # one halo for every component: periodic whole axes only if all take them
+            wraps_periodic_axes=all(s.options.wraps_periodic_axes for s in specs),
         )
         merged = merged.replace(options=options)
         self.pipeline = pipeline

@@ -49,13 +49,23 @@ class ParticleHaloConfig:
         plan; a plan that needs more raises
         :class:`~nvdd.core.CapacityOverflowError` on every rank. ``None``: no cap
         beyond the int32 indexing limit.
+    wrapped:
+        Optional bool tensor, shape ``(n_systems, 3)``: periodic axes whose
+        periodicity the *model* applies (its neighbour list, with the real cell
+        and pbc on that axis) instead of explicit image rows. Allowed only on an
+        axis every box of the system spans whole (``[0, 1)``: the rank grid
+        leaves it uncut); there the halo sends no image along it and treats it
+        as unbounded, so ghost rows differ from their owners only along the
+        other periodic axes. ``None`` (default): no such axis, explicit images
+        on every periodic axis.
 
     Raises
     ------
     ConfigurationError
         On a malformed shape or dtype, a non-positive or non-finite
         ``ghost_width``, or boxes that do not tile a system's domain exactly
-        (the message names the system and the offending boxes).
+        (the message names the system and the offending boxes), or a
+        ``wrapped`` axis that is open or cut by some box.
     """
 
     boxes: torch.Tensor
@@ -63,6 +73,7 @@ class ParticleHaloConfig:
     ghost_width: float
     group: ProcessGroup | None = field(default=None, repr=False)
     max_ghost_rows: int | None = None
+    wrapped: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         boxes, pbc = self.boxes, self.pbc
@@ -100,6 +111,16 @@ class ParticleHaloConfig:
         object.__setattr__(self, "ghost_width", float(gw))
         for s in range(n_sys):
             check_tiling(boxes64[s], pbc_cpu[s], system=s)
+        if self.wrapped is not None:
+            object.__setattr__(self, "wrapped", _check_wrapped(self.wrapped, boxes64, pbc_cpu))
+
+    @property
+    def image_pbc(self) -> torch.Tensor:
+        """Bool, shape ``(n_systems, 3)``: the axes that get explicit image rows
+        (``pbc`` without the ``wrapped`` axes)."""
+        if self.wrapped is None:
+            return self.pbc
+        return self.pbc & ~self.wrapped
 
     @property
     def n_systems(self) -> int:
@@ -110,6 +131,35 @@ class ParticleHaloConfig:
     def world_size(self) -> int:
         """Number of ranks (boxes per system)."""
         return int(self.boxes.shape[1])
+
+
+def whole_axes(boxes: torch.Tensor, pbc: torch.Tensor) -> torch.Tensor:
+    """Bool, shape ``(n_systems, 3)``: the periodic axes every box of a system
+    spans whole (``lo == 0`` and ``hi == 1`` for every rank: the grid leaves the
+    axis uncut). ``boxes``: shape ``(n_systems, world_size, 2, 3)``."""
+    b = boxes.detach().to("cpu", torch.float64)
+    spans = ((b[:, :, 0, :] == 0.0) & (b[:, :, 1, :] == 1.0)).all(dim=1)
+    return spans & pbc.detach().to("cpu")
+
+
+def _check_wrapped(wrapped: object, boxes: torch.Tensor, pbc: torch.Tensor) -> torch.Tensor:
+    if not isinstance(wrapped, torch.Tensor) or wrapped.dtype != torch.bool:
+        got = wrapped.dtype if isinstance(wrapped, torch.Tensor) else type(wrapped).__name__
+        raise ConfigurationError(f"wrapped must be a bool torch.Tensor, got {got}")
+    w = wrapped.detach().to("cpu").contiguous()
+    if tuple(w.shape) != tuple(pbc.shape):
+        raise ConfigurationError(
+            f"wrapped has shape {tuple(w.shape)}, expected {tuple(pbc.shape)} (like pbc)"
+        )
+    bad = w & ~whole_axes(boxes, pbc)
+    if bool(bad.any()):
+        s, a = (int(v) for v in bad.nonzero()[0])
+        why = "open" if not bool(pbc[s, a]) else "cut by the boxes"
+        raise ConfigurationError(
+            f"wrapped axis {a} of system {s} is {why}: only a periodic axis every box spans "
+            "whole can be left to the model"
+        )
+    return w
 
 
 def _fmt_box(boxes: torch.Tensor, r: int) -> str:

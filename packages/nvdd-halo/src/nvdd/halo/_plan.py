@@ -60,6 +60,12 @@ class HaloPlan:
         they interact: a model runs on the padded rows with open boundaries);
         False for a plan of :func:`~nvdd.halo.build_request_plan` (ghost rows are
         the atoms themselves: the model applies the real cell and pbc).
+    periodic_axes:
+        ``None``, or bool of shape ``(n_systems, 3)`` on the CPU: the axes of a
+        spatial halo whose periodicity the model applies
+        (``ParticleHaloConfig.wrapped``: axes the rank grid leaves whole). The
+        padded rows are then periodic along exactly these axes (with the real
+        cell) and open along the others; ``None``: open along every axis.
 
     Notes
     -----
@@ -84,9 +90,11 @@ class HaloPlan:
         n_systems: int,
         sync_checks: bool = False,
         explicit_images: bool = True,
+        periodic_axes: torch.Tensor | None = None,
     ) -> None:
         self._route = route
         self.explicit_images = explicit_images
+        self.periodic_axes = periodic_axes
         self.rank = rank
         self.ghost_atom_ids = ghost_atom_ids
         self.ghost_owner_rank = ghost_owner_rank
@@ -363,7 +371,8 @@ def build_halo_plan(
 
     For every owned atom and every rank whose box, expanded by the fractional
     ghost width of each axis, contains a periodic image of the atom (image
-    offsets only on periodic axes), that rank receives one ghost row per image,
+    offsets only on periodic axes that are not ``config.wrapped``), that rank
+    receives one ghost row per image,
     including this rank's own atoms across periodic faces, but never the image
     ``n = 0`` to this rank (that is the owned row). Any ``ghost_width`` works:
     ranks beyond the adjacent ones and several images per axis are included.
@@ -472,4 +481,7 @@ def build_halo_plan(
         ghost_system_index=recv[:, META_SYSTEM].contiguous(),
         n_systems=config.n_systems,
         sync_checks=sync_checks,
+        periodic_axes=config.wrapped
+        if config.wrapped is not None and config.wrapped.any()
+        else None,
     )

@@ -102,10 +102,16 @@ def expanded_boxes(
     ``[lo - w - margin, hi + w + margin)`` the kernels test (the margin makes
     the difference immaterial).
 
-    Returns float64 CPU tensors of shape ``(n_systems, world_size, 3)``.
+    Returns float64 CPU tensors of shape ``(n_systems, world_size, 3)``. Along
+    an axis of ``config.wrapped`` (periodicity left to the model) every box is
+    the whole line ``(-inf, +inf)``: one row per atom, image 0.
     """
     w = fractional_widths(cell.detach().cpu(), config.ghost_width)[:, None, :] + margin
-    return config.boxes[:, :, 0, :] - w, config.boxes[:, :, 1, :] + w
+    lo, hi = config.boxes[:, :, 0, :] - w, config.boxes[:, :, 1, :] + w
+    if config.wrapped is None:
+        return lo, hi
+    whole = config.wrapped[:, None, :]
+    return lo.masked_fill(whole, -torch.inf), hi.masked_fill(whole, torch.inf)
 
 
 def check_plan_inputs(
@@ -266,7 +272,8 @@ def select_ghosts(
 
     bound = float(host[1])
     elo64, ehi64 = expanded_boxes(config, host_cell, rounding_margin(dt, bound))
-    cand_rank, cand_ok = _candidates(bbox, elo64, ehi64, config.pbc)
+    image_pbc = config.image_pbc  # (a wrapped axis is unbounded and image-free)
+    cand_rank, cand_ok = _candidates(bbox, elo64, ehi64, image_pbc)
     n_cand, n = int(cand_rank.numel()), int(pos.shape[0])
     send_counts = torch.zeros(world, dtype=torch.int64)
     empty = torch.empty(0, _kernels.META_WIDTH, dtype=torch.int64, device=dev)
@@ -275,7 +282,7 @@ def select_ghosts(
 
     # the kernels' small inputs in one copy to the device (values are exact in
     # float64: small integers, and float64 boxes cast to dt alike on either side)
-    parts = (cand_rank, cand_ok, elo64, ehi64, config.pbc)
+    parts = (cand_rank, cand_ok, elo64, ehi64, image_pbc)
     packed = torch.cat([t.to(torch.float64).reshape(-1) for t in parts]).to(dev)
     pieces = torch.split(packed, [t.numel() for t in parts])
     as_int = [

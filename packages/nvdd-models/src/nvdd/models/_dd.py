@@ -186,11 +186,22 @@ def _rows_problem(batch: Batch, n_receivers: int | None, n_owned: int, n_padded:
 def _open_boundary_problem(layout: object, pbc: torch.Tensor) -> str | None:
     if not getattr(layout, "explicit_images", True):
         return None  # graph partition: ghost rows are the atoms, the real pbc applies
-    if bool(pbc.any()):
+    # a halo: explicit images, except along the axes it leaves to the model
+    axes = getattr(layout, "periodic_axes", None)
+    if axes is None:
+        if bool(pbc.any()):
+            return (
+                f"batch.pbc is {pbc.tolist()} (shape {tuple(pbc.shape)}): under a DD context "
+                "the padded rows hold explicit periodic images, so the batch must have open "
+                "boundaries (pbc all False)"
+            )
+        return None
+    want = axes.to(pbc.device).reshape(pbc.shape)
+    if not bool(torch.equal(pbc, want)):
         return (
-            f"batch.pbc is {pbc.tolist()} (shape {tuple(pbc.shape)}): under a DD context the "
-            "padded rows hold explicit periodic images, so the batch must have open "
-            "boundaries (pbc all False)"
+            f"batch.pbc is {pbc.tolist()}: under this DD context the padded rows are "
+            f"periodic exactly along the axes the halo leaves to the model ({want.tolist()}) "
+            "and hold explicit images along the others"
         )
     return None
 

@@ -164,7 +164,7 @@ def _mace_spec(
     return SPEC_MPNN_HALO | MLIPSpec(
         name=name,
         distribution=DistributionSpec(storage=storage, helpers=adapters),
-        options=StrategyOptions(scatter=ScatterMode.LOCAL),
+        options=StrategyOptions(scatter=ScatterMode.LOCAL, wraps_periodic_axes=True),
     )
 
 

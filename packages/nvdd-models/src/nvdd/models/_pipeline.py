@@ -81,7 +81,11 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
         for s in specs[1:]:
             merged = merged | s
         widest = max(s.options.extra_ghost_width for s in specs)
-        options = dataclasses.replace(merged.options, extra_ghost_width=widest)
+        options = dataclasses.replace(
+            merged.options,
+            extra_ghost_width=widest,
+            wraps_periodic_axes=all(s.options.wraps_periodic_axes for s in specs),
+        )
         name = "pipeline(" + ", ".join(s.name for s in specs) + ")"
         return merged.replace(options=options, name=name)
 

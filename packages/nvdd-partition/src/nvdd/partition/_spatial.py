@@ -205,7 +205,8 @@ class SpatialPartitioner:
         # host memory each step would make a GPU wait for the host (domain_cell)
         # (and the cut table of one system: keys (device, "cuts"), (device, "migration"))
         self._on_device: dict[tuple[torch.device, object], tuple[torch.Tensor, ...]] = {}
-        self._halo_configs: dict[object, ParticleHaloConfig] = {}  # per group
+        # per (group, wrap_whole_axes)
+        self._halo_configs: dict[tuple[object, bool], ParticleHaloConfig] = {}
 
     def __getstate__(self) -> dict[str, _State]:
         """Only the state travels: the boxes are derived, the device copies belong
@@ -726,23 +727,43 @@ class SpatialPartitioner:
         h.update(repr((self.world_size, self.ghost_width, self.skin)).encode())
         return int.from_bytes(h.digest(), "little") & ((1 << 62) - 1)
 
-    def halo_config(self, group: ProcessGroup | None = None) -> ParticleHaloConfig:
+    @property
+    def whole_axes(self) -> torch.Tensor:
+        """Bool, shape ``(n_systems, 3)``: the periodic axes the rank grid leaves
+        whole (every box spans ``[0, 1)`` along them). A halo may leave their
+        periodicity to the model (``halo_config(wrap_whole_axes=True)``)."""
+        b = self._boxes
+        spans = ((b[:, :, 0, :] == 0.0) & (b[:, :, 1, :] == 1.0)).all(dim=1)
+        return spans & self._s.pbc
+
+    def halo_config(
+        self, group: ProcessGroup | None = None, *, wrap_whole_axes: bool = False
+    ) -> ParticleHaloConfig:
         """The :class:`nvdd.halo.ParticleHaloConfig` of these boxes (made and checked
         once per group: every halo rebuild asks). Build the halo plan with
-        ``cell=self.domain_cell(batch.cell)``."""
+        ``cell=self.domain_cell(batch.cell)``.
+
+        ``wrap_whole_axes``: leave the periodicity of the :attr:`whole_axes` to
+        the model (``ParticleHaloConfig.wrapped``): no image rows along them.
+        """
         from nvdd.halo import ParticleHaloConfig
 
-        if group not in self._halo_configs:
+        key = (group, bool(wrap_whole_axes))
+        if key not in self._halo_configs:
             world = get_world_size(group)
             if world != self.world_size:
                 raise ConfigurationError(
                     f"the partitioner has {self.world_size} boxes per system but the group "
                     f"has {world} ranks"
                 )
-            self._halo_configs[group] = ParticleHaloConfig(
-                boxes=self.boxes, pbc=self.pbc, ghost_width=self.ghost_width, group=group
+            self._halo_configs[key] = ParticleHaloConfig(
+                boxes=self.boxes,
+                pbc=self.pbc,
+                ghost_width=self.ghost_width,
+                group=group,
+                wrapped=self.whole_axes if wrap_whole_axes else None,
             )
-        return self._halo_configs[group]
+        return self._halo_configs[key]
 
 
 def _replace_counts(state: _State, counts: torch.Tensor) -> _State:

@@ -95,7 +95,7 @@ SPEC_LJ_HALO = MLIPSpec(
         "atom_virials": _PER_NODE_OWNED,
     },
     force_strategy=ForceStrategy.DIRECT,
-    options=StrategyOptions(scatter=ScatterMode.NONE),
+    options=StrategyOptions(scatter=ScatterMode.NONE, wraps_periodic_axes=True),
 )
 """Pair potential with direct forces: ghost forces are folded into their owners;
 per-system energy and virial are local partials, all-reduced on demand; atom
@@ -105,7 +105,7 @@ SPEC_MPNN_HALO = MLIPSpec(
     name="SPEC_MPNN_HALO",
     outputs=_SHORT_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.AUTOGRAD,
-    options=StrategyOptions(scatter=ScatterMode.LOCAL),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL, wraps_periodic_axes=True),
 )
 """MACE, NequIP, Allegro, ORB: owned receivers, so scatters stay local (ghost rows
 receive nothing) and ghost features are refreshed from their owners per layer:
@@ -135,7 +135,9 @@ SPEC_EWALD_HALO = MLIPSpec(
     outputs=_LONG_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.DIRECT,
     distribution=DistributionSpec(sharded_fields=("positions", "atomic_numbers", "charges")),
-    options=StrategyOptions(global_coupling=GlobalCoupling.RECIPROCAL_SUM),
+    options=StrategyOptions(
+        global_coupling=GlobalCoupling.RECIPROCAL_SUM, wraps_periodic_axes=True
+    ),
 )
 """Ewald: real space in the halo; reciprocal space from owned charges, structure
 factors all-reduced."""
@@ -145,7 +147,7 @@ SPEC_PME_HALO = MLIPSpec(
     outputs=_LONG_RANGE_OUTPUTS,
     force_strategy=ForceStrategy.DIRECT,
     distribution=DistributionSpec(sharded_fields=("positions", "atomic_numbers", "charges")),
-    options=StrategyOptions(global_coupling=GlobalCoupling.MESH_SUM),
+    options=StrategyOptions(global_coupling=GlobalCoupling.MESH_SUM, wraps_periodic_axes=True),
 )
 """PME: real space in the halo; owned charges spread on the mesh, mesh all-reduced."""
 
@@ -155,7 +157,7 @@ SPEC_DFTD3_HALO = MLIPSpec(
     # the energy is a per-rank partial like LJ's (no collective in the forward).
     outputs={**_SHORT_RANGE_OUTPUTS, "energy": _PER_GRAPH_PARTIAL},
     force_strategy=ForceStrategy.DIRECT,
-    options=StrategyOptions(scatter=ScatterMode.LOCAL),
+    options=StrategyOptions(scatter=ScatterMode.LOCAL, wraps_periodic_axes=True),
 )
 """DFT-D3: no global coupling; coordination numbers of owned atoms are computed
 with the CN cutoff, then ghost rows are refreshed from their owners before the

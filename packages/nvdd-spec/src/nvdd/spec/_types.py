@@ -248,6 +248,16 @@ class StrategyOptions:
         ``atom_energies`` (which the model must return differentiable w.r.t. the
         positions it is given) on every padded row, ghost rows folded into
         their owners.
+    wraps_periodic_axes:
+        The model takes a real periodic axis on its ``[owned | ghost]`` rows
+        under a halo: its neighbour list applies the real cell and pbc along
+        the axes the layout names (``HaloPlan.periodic_axes``) and open
+        boundaries along the others. With
+        ``DomainConfig(wrap_whole_axes=True)`` the runtime then sends no
+        periodic image rows along an axis the rank grid leaves whole (record
+        0079); without this declaration the model keeps image rows there.
+        Not with ``receptive_field_layers`` (a model nvdd does not ship, whose
+        behaviour on a partly periodic cell nothing vouches for).
 
     Notes
     -----
@@ -262,6 +272,7 @@ class StrategyOptions:
     global_coupling: GlobalCoupling = GlobalCoupling.NONE
     receptive_field_layers: int = 0
     receptive_field_fold: bool = False
+    wraps_periodic_axes: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.scatter, ScatterMode):
@@ -290,6 +301,16 @@ class StrategyOptions:
         if self.receptive_field_fold and layers == 0:
             raise ConfigurationError(
                 "StrategyOptions.receptive_field_fold needs receptive_field_layers > 0"
+            )
+        if not isinstance(self.wraps_periodic_axes, bool):
+            raise ConfigurationError(
+                "StrategyOptions.wraps_periodic_axes must be a bool, got "
+                f"{self.wraps_periodic_axes!r}"
+            )
+        if self.wraps_periodic_axes and layers > 0:
+            raise ConfigurationError(
+                "StrategyOptions.wraps_periodic_axes does not apply to the receptive-field spec "
+                "(receptive_field_layers > 0): its model keeps explicit image rows"
             )
 
 
