@@ -4,9 +4,11 @@ No multi-GPU machine is needed: for a P-rank grid of a periodic argon box, each
 rank's steady step is run on this one device in turn, on that rank's real rows:
 
 - its owned atoms (a uniform grid of boxes in fractional coordinates) and its
-  ghost rows, chosen as the runtime chooses them today: every periodic image of
+  ghost rows, chosen as the runtime chooses them: every periodic image of
   every atom within the ghost width (cutoff + skin) of the box, on all six faces
-  (also along an axis the grid leaves whole);
+  (layout ``faces``, the default), or with the axes the grid leaves whole left
+  to the model's neighbour list (layout ``split``:
+  ``DomainConfig(wrap_whole_axes=True)``, record 0079);
 - the Lennard-Jones model with its own device neighbour list on ``[owned | ghost]``
   with open boundaries, driven by the velocity-Verlet integrator (CUDA graphs as
   in the raw run);
@@ -63,9 +65,9 @@ from benchmarks import harness
 CUTOFF, SKIN, DT_FS = 8.5, 1.0, 4.0
 #: The rank grids of the tables (the runtime's default for a cube splits x, then y, then z).
 GRIDS = ("2x1x1", "2x2x1", "2x2x2", "4x2x1")
-#: Ghost layouts: ``faces``, the runtime's today (image rows on all six faces);
+#: Ghost layouts: ``faces``, the runtime's default (image rows on all six faces);
 #: ``split``, image rows only across axes the grid splits, the whole axes left
-#: periodic to the model's neighbour list.
+#: periodic to the model's neighbour list (``DomainConfig(wrap_whole_axes=True)``).
 LAYOUTS = ("faces", "split")
 #: Phases of a rank's step, in ms.
 PHASES = ("model_ms", "exchange_ms", "fold_ms", "check_ms", "total_ms")
@@ -189,13 +191,22 @@ class _Scoped:
     message-passing model cost what they cost on a rank (a gather of the ghost
     rows), with stand-in values for ghosts another rank would send."""
 
-    def __init__(self, model: Any, n_owned: int, n_ghost: int, device: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        n_owned: int,
+        n_ghost: int,
+        device: str,
+        pbc: Sequence[bool] = (False, False, False),
+    ) -> None:
         from nvdd.shardtensor import SelfImageLayout
         from nvdd.spec import AdapterRegistry
 
         self.inner = model
         source = torch.arange(n_ghost, device=device) % max(1, n_owned)
         self.layout = SelfImageLayout(n_owned, source)
+        if any(pbc):  # the split layout: the halo leaves the whole axes to the model
+            self.layout.periodic_axes = torch.tensor([list(pbc)])  # type: ignore[attr-defined]
         # the spec's adapters (MACE: owned receivers, a refresh per interaction),
         # installed as the runtime installs them while a distributed model is attached
         self.registry = AdapterRegistry(model.distribution_spec("halo").adapters())
@@ -253,7 +264,7 @@ def time_rank(
     n_o, n_g = owned.numel(), src.numel()
     dt_fs, adapters = DT_FS, {}
     if scoped:
-        model = _Scoped(model, n_o, n_g, device)
+        model = _Scoped(model, n_o, n_g, device, pbc)
         model.registry.install()
         adapters = {"adapters": sum(s.applied for s in model.registry.statuses)}
         dt_fs = MACE_DT_FS if type(model.inner).__name__ == "MACEModel" else DT_FS
@@ -348,8 +359,6 @@ def predict(
     for spec in grids:
         grid = tuple(int(x) for x in spec.split("x"))
         for layout in layouts:
-            if mpnn and layout == "split":
-                continue  # the MPNN under a DD context takes open boundaries only
             pbc = [layout == "split" and k == 1 for k in grid]
             per_rank = []
             for coords in itertools.product(*(range(k) for k in grid)):

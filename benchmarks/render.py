@@ -19,6 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.render_scaling import (
+    ghost_rows,
     predicted_scaling,
     predicted_scaling_mace,
     validated_scaling,
@@ -686,6 +687,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
     (("receptive-field-cpu",), receptive_field),
+    (("ghost-rows-lj",), ghost_rows),
     (("scaling-predicted-lj",), predicted_scaling),
     (("scaling-predicted-mpnn",), predicted_scaling),
     (("scaling-predicted-mace",), predicted_scaling_mace),

@@ -14,6 +14,64 @@ from benchmarks.render_table import (
 )
 
 
+def ghost_rows(doc: dict[str, Any]) -> str:
+    """Ghost rows per rank of the halo plan, before and after leaving the whole
+    axes to the model (benchmarks/ghost_rows.py, record 0079)."""
+    rows = doc["rows"]
+
+    def per_rank(values: list[int]) -> str:
+        lo, hi = min(values), max(values)
+        return atoms(lo) if lo == hi else f"{atoms(lo)} to {atoms(hi)}"
+
+    body = []
+    for grid in dict.fromkeys(r["grid"] for r in rows):
+        before = next(r for r in rows if r["grid"] == grid and r["layout"] == "images")
+        after = next(r for r in rows if r["grid"] == grid and r["layout"] == "wrapped")
+        owned = before["owned"]
+        share = [g / o for g, o in zip(after["ghost"], owned, strict=True)]
+        body.append(
+            [
+                grid,
+                str(before["ranks"]),
+                per_rank(owned),
+                per_rank(before["ghost"]),
+                num(100 * max(g / o for g, o in zip(before["ghost"], owned, strict=True)), 1)
+                + " %",
+                per_rank(after["ghost"]),
+                num(100 * max(share), 1) + " %",
+                num(100 * (1 - sum(after["ghost"]) / sum(before["ghost"])), 0) + " %",
+            ]
+        )
+    header = [
+        "grid",
+        "ranks",
+        "owned / rank",
+        "ghost rows / rank, images",
+        "ghost / owned",
+        "ghost rows / rank, whole axes wrapped",
+        "ghost / owned",
+        "fewer rows",
+    ]
+    atoms_total = atoms(rows[0]["atoms"])
+    return (
+        "## Ghost rows only where a neighbour rank is\n\n"
+        f"LJ argon, {atoms_total} atoms, ghost width {num(rows[0]['ghost_width'])} A "
+        "(cutoff + skin + migration hysteresis): the ghost rows each rank holds in the "
+        "halo plan, computed from the plan alone (the runtime's partitioner and ghost "
+        "selection, no model). `images`: image rows across every periodic face (the "
+        "default); `whole axes wrapped`: `DomainConfig(wrap_whole_axes=True)`, the "
+        "axes the grid leaves whole left to the model's neighbour list (record "
+        "[0079](decisions/0079-ghosts-where-a-neighbour-rank-is.md)). The step time this "
+        "saves is measured on GPUs by `bench_dp.py --wrap-whole-axes off on` (the "
+        "halo-forced one-rank rows) and predicted by `predict_scaling.py --layouts "
+        "faces split`.\n\n"
+        + table(header, body, [False, True, True, True, True, True, True, True])
+        + "\n\n*"
+        + source(doc)
+        + "*\n"
+    )
+
+
 def predicted_scaling(doc: dict[str, Any]) -> str:
     """The P-GPU LJ step predicted from one GPU (benchmarks/predict_scaling.py)."""
     rows = doc["rows"]
@@ -26,13 +84,9 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
         + ("" if mpnn else " (its forces on owned atoms checked against the periodic system first)")
         + "; the exchanges are device copies of the same bytes. Predicted",
         "step = slowest rank + communication term (its figures in the note below).",
-        "Layout `faces` is the runtime's today (image rows on all six faces)"
-        + (
-            " (the only one for a model under a DD context, which takes open boundaries)."
-            if mpnn
-            else "; `split` keeps rows only across split axes and lets the model wrap the"
-            " whole ones (not yet the runtime's)."
-        ),
+        "Layout `faces` is the runtime's default (image rows on all six faces);"
+        " `split` keeps rows only across split axes and lets the model wrap the"
+        " whole ones (`DomainConfig(wrap_whole_axes=True)`).",
         "Overhead = slowest rank / (raw x its owned share);",
         "model share = the model's part of the slowest rank's step. `calibrated` scales",
         "each rank's step by runtime / emulated of the one-rank halo step of the same run.",
@@ -131,7 +185,7 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
         "and the skin check are a fixed ~0.2 ms per step, and the wire term is small on",
         "NVLink. What would remove it: a pair list without ghost-ghost pairs, forces of",
         "interior atoms computed while the ghosts are in flight, one fused pack/fold/check",
-        "kernel, and (for 2x1x1) the `split` layout.",
+        "kernel, and (for 2x1x1) the `split` layout (`DomainConfig(wrap_whole_axes=True)`).",
         "",
         f"*{source(doc)}*",
         "",

@@ -21,7 +21,9 @@ from a second, shorter run with synchronised phase timers (the runtime's
         --steps 3 --warmup 1                                # gloo CPU ranks, seconds
 
 The grid of P ranks is 2x1x1, 2x2x1, 2x2x2 for P = 2, 4, 8 (``--grids``
-overrides); the ghost layout predicted is the runtime's (``faces``). Rows go to
+overrides); the ghost layout is the runtime's default (``faces``), or with
+``--layout split`` the whole axes left to the model
+(``DomainConfig(wrap_whole_axes=True)``, predicted and measured). Rows go to
 ``benchmarks/results/scaling-validated-MODEL.json`` (``--out``, ``--name``); the
 benchmarks page renders them (``benchmarks/render.py``) and the command prints
 the same comparison as a table.
@@ -61,10 +63,12 @@ def measure_rank(
     device: str,
     graphs: bool,
     mace: dict[str, Any] | None = None,
+    wrap: bool = False,
 ) -> dict[str, Any]:
     """One rank of the measured run (called on every rank of the process group):
     its steady ms per step, its phases (ms per step, synchronised timers) and its
-    owned and ghost rows. ``mace``: :data:`predict_scaling.MACE` of the caller."""
+    owned and ghost rows. ``mace``: :data:`predict_scaling.MACE` of the caller;
+    ``wrap``: ``DomainConfig(wrap_whole_axes=True)`` (the ``split`` layout)."""
     import torch.distributed as dist
 
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
@@ -83,7 +87,10 @@ def measure_rank(
         dt_fs = ps.DT_FS
     dyn = VelocityVerlet(model, batch, dt_fs=dt_fs, cuda_graphs=graphs)
     config = DomainConfig(
-        cutoff=float(model.cutoff), skin=ps.SKIN, grid_dims=(grid[0], grid[1], grid[2])
+        cutoff=float(model.cutoff),
+        skin=ps.SKIN,
+        grid_dims=(grid[0], grid[1], grid[2]),
+        wrap_whole_axes=wrap,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -232,6 +239,7 @@ def validate(
             "cuda" if cuda else device,
             graphs,
             dict(ps.MACE),
+            layout == "split",
             backend="nccl" if cuda else "gloo",
             start_method="spawn" if cuda else "forkserver",
             timeout_s=timeout_s,

@@ -82,8 +82,9 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     # the MPNN: its ranks inside a DD context, feature refreshes on the wire
     assert ps.main(["--quick", "--model", "mpnn", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "scaling-predicted-mpnn.json").read_text())
-    raw, faces = doc["rows"]  # open boundaries under a DD context: no split layout
+    raw, faces, split = doc["rows"]  # split: y and z periodic under the DD context
     assert faces["model"] == "mpnn" and faces["layout"] == "faces"
+    assert split["layout"] == "split" and 0 < split["ghost_max"] < faces["ghost_max"]
     assert sum(r["owned"] for r in faces["per_rank"]) == raw["atoms"]
     assert faces["comm_ms"] > 2 * 20e-3 + 2 * 20e-3  # positions, forces, a refresh and its fold
     assert "the reference MPNN" in render.render(render.load_results(tmp_path))

@@ -69,9 +69,11 @@ def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Pat
     assert ps.main(["--quick", "--model", "mace", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "scaling-predicted-mace.json").read_text())
     assert doc["title"].startswith("MACE (tiny shape, random weights) on silica")
-    raw, faces = doc["rows"]  # under a DD context: open boundaries, no split layout
+    raw, faces, split = doc["rows"]
     assert raw["ranks"] == 1 and raw["raw_ms"] > 0 and raw["atoms"] == 6**3
     assert (faces["model"], faces["grid"], faces["layout"]) == ("mace", "2x1x1", "faces")
+    # the split layout (y and z left to the model: record 0079) holds fewer ghost rows
+    assert split["layout"] == "split" and 0 < split["ghost_max"] < faces["ghost_max"]
     assert sum(r["owned"] for r in faces["per_rank"]) == raw["atoms"]
     assert faces["max_force_err"] is None  # ghost features are stand-ins: not checked
     # positions, forces, one node_feats refresh (8x0e+8x1o: 32 floats a row) and its fold
