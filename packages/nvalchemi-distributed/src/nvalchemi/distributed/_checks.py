@@ -196,7 +196,7 @@ def _model_elements(args: argparse.Namespace) -> list[int] | None:
 
     if not args.model_file:
         return list(BUILTIN_MACE_ELEMENTS)
-    if getattr(args, "model", "lj") != "mace":  # (a SevenNet checkpoint: read at build)
+    if getattr(args, "model", "lj") != "mace":  # (SevenNet, UMA checkpoints: read at build)
         return None
     from nvalchemi.distributed._model_peek import mace_file_elements
 
@@ -232,8 +232,8 @@ def _structure(args: argparse.Namespace) -> list[str]:
         return out
     known = _model_elements(args)
     if known is not None and present - set(known):
-        sevenn = getattr(args, "model", "lj") == "sevenn"
-        builtin = "the built-in SevenNet" if sevenn else "the built-in MACE"
+        kind = {"sevenn": "SevenNet", "uma": "UMA"}.get(getattr(args, "model", "lj"), "MACE")
+        builtin = f"the built-in {kind}"
         which = f"the model in {args.model_file}" if args.model_file else builtin
         out.append(
             f"{label}: {_names(sorted(present - set(known)))} not among the elements "
@@ -343,6 +343,7 @@ SYSTEM_FLAGS = {
     "cells": "--cells",
     "model": "--model",
     "model_file": "--model-file",
+    "task": "--task",
     "cutoff": "--cutoff",
     "lj": "--lj",
     "dtype": "--dtype",
@@ -369,9 +370,11 @@ def system_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["structure"] = str(Path(args.structure).resolve())
         else:
             opts["cells"] = args.cells
-        if model in ("mace", "sevenn"):
+        if model in ("mace", "sevenn", "uma"):
             model_file = getattr(args, "model_file", None)
             opts["model_file"] = str(Path(model_file).resolve()) if model_file else None
+            if model == "uma":
+                opts["task"] = getattr(args, "task", None)
         else:
             opts["cutoff"] = args.cutoff
             opts["lj"] = sorted(

@@ -1,6 +1,6 @@
 """The models of ``nvdd run``: Lennard-Jones argon, MACE (a saved mace-torch model
-or a built-in small random one) or SevenNet (a checkpoint or a built-in small random
-one), and the built-in system each runs on."""
+or a built-in small random one), SevenNet or UMA (a checkpoint or a built-in small
+random one), and the built-in system each runs on."""
 
 from __future__ import annotations
 
@@ -77,6 +77,36 @@ def _sevenn(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
     return models.SevenNetModel.from_config(config, seed=0, **kwargs)
 
 
+def _uma(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    """``--model uma``: the checkpoint ``args.model_file`` (fairchem's own loader) for
+    ``args.task``, or a small random UMA (weights from seed 0). A mixture-of-experts
+    backbone is merged for the run's system (``--structure`` or the built-in box,
+    read here on every rank: the merge needs its composition)."""
+    models = _mace_modules()
+    whole: Batch | None = builtin_system(args, dtype)
+    if args.structure:
+        from nvalchemi.distributed._structure import read_structure
+
+        whole = Batch.from_ase(read_structure(args.structure), dtype=dtype)
+    kwargs = {"dtype": dtype, "device": device, "skin": args.skin, "merge_for": whole}
+    path = getattr(args, "model_file", None)
+    if path:
+        return models.UMAModel.from_checkpoint(path, task=getattr(args, "task", None), **kwargs)
+    backbone = {
+        "max_num_elements": 20,
+        "sphere_channels": 16,
+        "lmax": 1,
+        "mmax": 1,
+        "num_layers": 1,
+        "cutoff": 4.5,
+        "edge_channels": 16,
+        "num_distance_basis": 32,
+        "hidden_channels": 16,
+        "dataset_mapping": {"omat": "omat"},
+    }
+    return models.UMAModel.from_config(backbone, seed=0, task="omat", **kwargs)
+
+
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """The model of ``args.model`` on ``device`` in ``dtype``.
 
@@ -86,10 +116,15 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     unpickled) or, without a file, the built-in random MACE; its cutoff is the
     model's ``r_max``. ``sevenn``: ``args.model_file`` read by sevenn's
     checkpoint loader (a trusted file: it is unpickled) or, without a file, a
-    built-in random SevenNet (O, Si; the ``nvdd-models[sevenn]`` extra).
+    built-in random SevenNet (O, Si; the ``nvdd-models[sevenn]`` extra). ``uma``:
+    ``args.model_file`` read by fairchem's loader for ``args.task`` (a trusted
+    file: it is unpickled) or a built-in random UMA (the ``nvdd-models[uma]``
+    extra).
     """
     if getattr(args, "model", "lj") == "sevenn":
         return _sevenn(args, device, dtype)
+    if getattr(args, "model", "lj") == "uma":
+        return _uma(args, device, dtype)
     if getattr(args, "model", "lj") == "mace":
         models = _mace_modules()
         path = getattr(args, "model_file", None)
@@ -119,11 +154,11 @@ def _velocities(batch: Batch, temperature_K: float, seed: int) -> torch.Tensor:
 def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None:
     """The built-in system of a model that does not run on argon, else None.
 
-    ``mace`` and ``sevenn``: a silica-like periodic box, O and Si (2:1, random) on a jittered
+    ``mace``, ``sevenn`` and ``uma``: a silica-like periodic box, O and Si (2:1, random) on a jittered
     simple-cubic lattice of ``args.cells`` sites per edge (``cells**3`` atoms) at
     the density of amorphous SiO2, with velocities at ``args.temperature``.
     """
-    if getattr(args, "model", "lj") not in ("mace", "sevenn"):
+    if getattr(args, "model", "lj") not in ("mace", "sevenn", "uma"):
         return None
     g = torch.Generator().manual_seed(args.seed)
     n = int(args.cells)

@@ -90,18 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     system.add_argument(
         "--model",
-        choices=("lj", "mace", "sevenn"),
+        choices=("lj", "mace", "sevenn", "uma"),
         default="lj",
         help="lj: Lennard-Jones (argon built in, --lj for other elements); mace: a mace-torch "
         "MACE (--model-file, or a built-in small random one on an O/Si box of --cells**3 atoms); "
         "sevenn: a SevenNet (--model-file, or a built-in small random one on the same box; "
-        "the nvdd-models[sevenn] extra)",
+        "the nvdd-models[sevenn] extra); uma: a fairchem UMA (--model-file, or a built-in small "
+        "random one on the same box; the nvdd-models[uma] extra)",
     )
     system.add_argument(
         "--model-file",
         default=None,
         help="--model mace: a saved mace-torch model (.model); --model sevenn: a SevenNet "
-        "checkpoint (.pth); both unpickled: trusted files only",
+        "checkpoint (.pth); --model uma: a fairchem inference checkpoint (.pt); all unpickled: "
+        "trusted files only",
+    )
+    system.add_argument(
+        "--task",
+        default=None,
+        help="--model uma: the fairchem task (dataset) to predict for, e.g. omat, omol, oc20 "
+        "(default: the checkpoint's only energy task)",
     )
     system.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
     system.add_argument(
