@@ -147,6 +147,12 @@ def random_case(seed: int) -> dict[str, Any]:
     extra = random.Random(seed * 13 + 7)
     restart = extra.random() < 0.3 and case["strategy"] == "halo" and steps > 1
     case["restart_at"] = extra.randrange(1, steps) if restart else None
+    # a third stream (the same reason): the whole periodic axes left to the
+    # model (DomainConfig(wrap_whole_axes=True), record 0079) in half the HALO
+    # cases; NVDD_FUZZ_WRAP=1 in every HALO case, =0 in none
+    forced = os.environ.get("NVDD_FUZZ_WRAP")
+    wrap = random.Random(seed * 17 + 3).random() < 0.5 if forced is None else forced == "1"
+    case["wrap"] = wrap and case["strategy"] == "halo"
     return case
 
 
@@ -332,6 +338,7 @@ def dd_body(c: dict[str, Any]) -> dict[str, Any]:
         ghost_width=(c["cutoff"] + c["skin"] + c["gw_extra"]) if c.get("gw_extra") else None,
         strategy=StrategyKind(c.get("strategy", "halo")),
         halo_on_one_rank=True,
+        wrap_whole_axes=bool(c.get("wrap", False)) and not gp,
     )
     series: list[dict[str, Any]] = []
     local_e: list[float] = []
@@ -525,6 +532,7 @@ def main() -> None:
                 "steps",
                 "every",
                 "hooks_scope",
+                "wrap",
                 "species",
             )
         }

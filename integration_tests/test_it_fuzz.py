@@ -6,7 +6,9 @@ Langevin, FIRE, Nose-Hoover NVT, MTK NPT isotropic and full cell), every model
 wire and open boundaries (with and without a zero cell vector on an open axis),
 cubic, orthorhombic, triclinic and thin cells, 2 to 4 ranks, a zero skin, load
 balancing, HALO and GRAPH_PARTITION, hooks of every scope and a checkpoint and
-restart in the middle of the run (Nose-Hoover and NPT). A longer campaign
+restart in the middle of the run (Nose-Hoover and NPT), and the whole periodic
+axes left to the model (``DomainConfig(wrap_whole_axes=True)``, record 0079:
+seeds 4, 329, 144, 3241, 4021 and 4027). A longer campaign
 (any seeds) is the module's command line (``it_fuzz.py``).
 """
 

@@ -23,10 +23,11 @@ from nvdd.dynamics import (
     DomainParallel,
     VelocityVerlet,
 )
-from nvdd.models import LennardJones, LJConfig
+from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
 from nvdd.spec import (
     SPEC_LJ_HALO,
-    MLIPSpec,
+    SPEC_MPNN_HALO,
+    ScatterMode,
     StrategyKind,
     StrategyOptions,
     receptive_field_spec,
@@ -150,14 +151,16 @@ def test_whole_axes_left_to_the_model_equal_one_process_by_id_with_fewer_ghosts(
 
 
 NO_WRAP = SPEC_LJ_HALO.replace(options=StrategyOptions(), name="LJ without wrapping")
+NO_WRAP_MPNN = SPEC_MPNN_HALO.replace(
+    options=StrategyOptions(scatter=ScatterMode.LOCAL), name="MPNN without wrapping"
+)
 
 
-class _NoWrap(LennardJones):
+class _UsersLJ(LennardJones):
+    """A model defined outside nvdd (here: in this test module)."""
+
     def __init__(self) -> None:
         super().__init__(LJConfig(cutoff=4.5, epsilon=0.01, sigma=3.0))
-
-    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        return NO_WRAP
 
 
 def test_only_specs_that_declare_it_lose_their_image_rows() -> None:
@@ -168,8 +171,14 @@ def test_only_specs_that_declare_it_lose_their_image_rows() -> None:
     # a spec that does not declare it keeps image rows, and so does a pipeline
     # with one such component (one halo for all)
     assert not DistributedModel(lj.model, config, spec=NO_WRAP).wraps_whole_axes
-    assert DistributedPipelineModel([lj.model, _model("lj")], config).wraps_whole_axes
-    assert not DistributedPipelineModel([lj.model, _NoWrap()], config).wraps_whole_axes
+    assert DistributedPipelineModel([lj.model, _model("mpnn")], config).wraps_whole_axes
+    mpnn = ReferenceMPNN(MPNNConfig(cutoff=3.6, species=(18,)), spec=NO_WRAP_MPNN)
+    assert not DistributedPipelineModel([lj.model, mpnn], config).wraps_whole_axes
+    # a model of the user's declaring a preset that takes it keeps image rows
+    # too (nothing checked that its neighbour list honours pbc under a halo)
+    assert SPEC_LJ_HALO.options.wraps_periodic_axes
+    assert not DistributedModel(_UsersLJ(), config).wraps_whole_axes
+    assert not DistributedPipelineModel([lj.model, _UsersLJ()], config).wraps_whole_axes
     with pytest.raises(ConfigurationError, match="wrap_whole_axes must be a bool"):
         DomainConfig(cutoff=4.5, wrap_whole_axes=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"applies to StrategyKind\.HALO only"):

@@ -68,9 +68,10 @@ class DomainConfig:
         Along a periodic axis the rank grid leaves whole (grid dimension 1, e.g.
         y and z of a ``2x1x1`` grid), leave periodicity to the model's
         neighbour list (the real cell and pbc on that axis) instead of
-        explicit periodic image rows, for models whose spec declares
-        ``StrategyOptions.wraps_periodic_axes``; other models keep the image
-        rows. Image rows remain along split axes. Default False (record 0079).
+        explicit periodic image rows, for the models nvdd ships whose spec
+        declares ``StrategyOptions.wraps_periodic_axes``; other models keep
+        the image rows. Image rows remain along split axes. Default False
+        (record 0079).
     verify_model:
         Check the model decomposed against one process at ``partition`` and refuse
         it when they differ (:mod:`nvdd.dynamics._verify`). None (default): models

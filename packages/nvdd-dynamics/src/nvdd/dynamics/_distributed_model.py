@@ -66,7 +66,12 @@ from nvdd.spec import (
 if TYPE_CHECKING:
     from nvdd.dynamics._provider import State
 
-__all__ = ["DDStats", "DistributedModel"]
+__all__ = ["DDStats", "DistributedModel", "shipped_model"]
+
+
+def shipped_model(model: object) -> bool:
+    """Whether ``model``'s class is one of nvdd's own (``nvdd.models``)."""
+    return type(model).__module__.startswith("nvdd.models.")
 
 
 class DistributedModel(ProviderBase):
@@ -427,9 +432,21 @@ class DistributedModel(ProviderBase):
     def wraps_whole_axes(self) -> bool:
         """Whether the halo leaves the periodic axes the rank grid leaves whole to
         the model's neighbour list (no image rows along them): asked by
-        ``DomainConfig(wrap_whole_axes=True)`` and declared by the spec
-        (``StrategyOptions.wraps_periodic_axes``); record 0079."""
-        return self.config.wrap_whole_axes and self.spec.options.wraps_periodic_axes
+        ``DomainConfig(wrap_whole_axes=True)``, declared by the spec
+        (``StrategyOptions.wraps_periodic_axes``) and only for models nvdd ships
+        (:meth:`_ships_models`); record 0079."""
+        return (
+            self.config.wrap_whole_axes
+            and self.spec.options.wraps_periodic_axes
+            and self._ships_models()
+        )
+
+    def _ships_models(self) -> bool:
+        """Whether the model is one nvdd ships (checked N-vs-1 with a real periodic
+        axis). A model of the user's that declares a preset keeps its image rows:
+        under a halo it was promised open boundaries, and nothing checked that its
+        neighbour list honours ``batch.pbc`` there."""
+        return shipped_model(unwrap_model(self.model))
 
     def _pbc_of(self, plan: HaloPlan, like: torch.Tensor) -> torch.Tensor:
         """The padded batch's pbc: periodic along ``plan.periodic_axes`` (the

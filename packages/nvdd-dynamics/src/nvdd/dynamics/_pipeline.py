@@ -30,7 +30,7 @@ import torch
 from nvdd.core import Batch, ConfigurationError, ModelOutputs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import consolidate, folds_forces
-from nvdd.dynamics._distributed_model import DistributedModel
+from nvdd.dynamics._distributed_model import DistributedModel, shipped_model
 from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._provider import ProviderBase
@@ -44,6 +44,7 @@ from nvdd.spec import (
     ModelContract,
     StrategyKind,
     as_model,
+    unwrap_model,
 )
 
 __all__ = [
@@ -166,6 +167,10 @@ class DistributedPipelineModel(DistributedModel):
         self.pipeline = pipeline
         scope = None if pipeline is None else as_model(pipeline)
         super().__init__(_Components(models, scope), config, spec=merged, **kwargs)
+
+    def _ships_models(self) -> bool:
+        """Whether every component is a model nvdd ships (one halo for all)."""
+        return all(shipped_model(unwrap_model(m)) for m, _ in self.components)
 
     def forward(self, st: StepState) -> None:
         """Phase 4: every component on the padded rows (each by its own spec);

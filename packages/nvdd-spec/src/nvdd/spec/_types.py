@@ -254,8 +254,9 @@ class StrategyOptions:
         the axes the layout names (``HaloPlan.periodic_axes``) and open
         boundaries along the others. With
         ``DomainConfig(wrap_whole_axes=True)`` the runtime then sends no
-        periodic image rows along an axis the rank grid leaves whole (record
-        0079); without this declaration the model keeps image rows there.
+        periodic image rows along an axis the rank grid leaves whole, for the
+        models nvdd ships (record 0079); without this declaration, or for a
+        model of the user's, the model keeps image rows there.
         Not with ``receptive_field_layers`` (a model nvdd does not ship, whose
         behaviour on a partly periodic cell nothing vouches for).
 
