@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, ValidationError
 from nvdd.spec import StrategyKind
 from nvdd.testing import assert_dd_equivalent, importorskip_extra
 
@@ -127,7 +127,7 @@ def test_the_wrapper_is_fairchem_and_moe_is_merged_for_the_composition() -> None
     whole = UMAModel(copy.deepcopy(hydra), task="omol", charge=1, spin=2)
     with pytest.raises(ConfigurationError, match="mixture-of-linear-experts routing"):
         whole.distribution_spec()
-    merged = UMAModel(copy.deepcopy(hydra), task="omol", charge=1, spin=2, merge_for=batch)
+    merged = UMAModel(copy.deepcopy(hydra), skin=0.0, merge_for=batch, **kw)
     assert merged.distribution_spec().name == "receptive_field(L=2, fold)"
     assert int(getattr(merged.backbone, "num_experts", 0)) == 0
     a, b = whole(batch), merged(batch)
@@ -138,6 +138,8 @@ def test_the_wrapper_is_fairchem_and_moe_is_merged_for_the_composition() -> None
     mixed = batch.replace(
         atomic_numbers=torch.full_like(batch.atomic_numbers, 8), atom_ids=batch.atom_ids + 1
     )
+    with pytest.raises(ValidationError, match="merged for another composition"):
+        merged(mixed)
     with pytest.raises(ConfigurationError, match="different reduced compositions"):
         UMAModel(copy.deepcopy(hydra), task="omol", merge_for=Batch.concatenate([batch, mixed]))
     with pytest.raises(ConfigurationError, match="pass task= one of"):

@@ -45,6 +45,7 @@ import torch
 from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._verlet import VerletList
+from nvdd.shardtensor import current_dd_context
 from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
 
 __all__ = ["UMAModel"]
@@ -151,8 +152,10 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         ``merge_MOLE_model``: the experts' routing reads the system's
         composition, charge, spin and task, which a rank under DD does not see
         whole. A merged model is exact for systems of the same reduced
-        composition (every system of ``merge_for`` must have it). Without it a
-        mixture backbone runs on one process only.
+        composition (every system of ``merge_for`` must have it): on one
+        process a batch of another composition is refused; under DD, where a
+        rank holds part of the system, it is not checked (MD keeps the
+        composition). Without it a mixture backbone runs on one process only.
     head:
         The energy head's name (when the model has several).
     energy_scale, element_references:
@@ -263,13 +266,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         backbone's dtype."""
         if int(getattr(backbone, "num_experts", 0)) == 0:
             return backbone
-        counts = torch.zeros(whole.n_systems, 128, dtype=torch.float64)
-        counts.index_put_(
-            (whole.system_index.cpu(), whole.atomic_numbers.cpu()),
-            torch.ones(whole.n_atoms, dtype=torch.float64),
-            accumulate=True,
-        )
-        reduced = counts / counts.sum(dim=1, keepdim=True)
+        reduced = _reduced_compositions(whole)
         if not torch.allclose(reduced, reduced[:1].expand_as(reduced), rtol=1e-12, atol=0.0):
             raise config_error(
                 "UMAModel: merge_for= has systems of different reduced compositions; a "
@@ -411,6 +408,14 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         if bool(((z < 1) | (z >= n)).any()):
             bad = sorted({int(v) for v in z[(z < 1) | (z >= n)].tolist()})
             raise ValidationError(f"UMAModel: atomic numbers {bad} outside 1..{n - 1}")
+        merged = self.merged_composition
+        if merged is not None and current_dd_context().layout is None:  # a whole batch
+            reduced = _reduced_compositions(batch).to(merged.device)
+            if not torch.allclose(reduced, merged.expand_as(reduced), rtol=1e-12, atol=0.0):
+                raise ValidationError(
+                    "UMAModel: the mixture-of-experts backbone was merged for another "
+                    "composition (merge_for=); merge it for this system"
+                )
 
     def graph(self, batch: Batch, positions: torch.Tensor) -> dict[str, Any]:
         """The backbone's input dict for ``batch`` at ``positions`` (differentiable
@@ -451,9 +456,11 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         Raises
         ------
         ValidationError
-            On a dtype mismatch, an atomic number outside the model's range
-            (checked when the neighbour list is rebuilt), or fairchem's own graph
-            parallelism initialised in this process.
+            On a dtype mismatch, an atomic number outside the model's range, a
+            whole batch (outside DD) of another composition than the one a
+            mixture-of-experts backbone was merged for (checked when the
+            neighbour list is rebuilt), or fairchem's own graph parallelism
+            initialised in this process.
         """
         gp = fairchem_module("fairchem.core.common.gp_utils")
         if gp.initialized():
@@ -485,6 +492,17 @@ def _class(path: str) -> Any:
     """The fairchem class at ``module.Name`` (the extra's hint if missing)."""
     module, _, name = path.rpartition(".")
     return getattr(fairchem_module(module), name)
+
+
+def _reduced_compositions(batch: Batch) -> torch.Tensor:
+    """Each system's fraction of every element, shape ``(n_systems, 128)`` (float64, CPU)."""
+    counts = torch.zeros(batch.n_systems, 128, dtype=torch.float64)
+    counts.index_put_(
+        (batch.system_index.cpu(), batch.atomic_numbers.cpu()),
+        torch.ones(batch.n_atoms, dtype=torch.float64),
+        accumulate=True,
+    )
+    return counts / counts.sum(dim=1, keepdim=True)
 
 
 def _nonlocal_parts(backbone: Any) -> str | None:
