@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 
-from nvdd.core import OptionalDependencyError
+from nvdd.core import OptionalDependencyError, import_optional
 from nvdd.models._mace_deps import mace_module
 
 with contextlib.suppress(OptionalDependencyError):  # without the extra: the tests say so
     mace_module("mace.modules")
+with contextlib.suppress(OptionalDependencyError):  # aimnet (and its toolkit kernels)
+    import_optional("aimnet.models", package="aimnet", feature="preload")

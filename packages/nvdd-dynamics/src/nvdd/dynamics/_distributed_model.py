@@ -498,6 +498,7 @@ class DistributedModel(ProviderBase):
                 f: torch.cat([local.atom_extras[f], g])
                 for f, g in zip(extras, ghosts[2:], strict=True)
             },
+            system_extras=dict(local.system_extras),  # (per system: every rank has them)
             validate=False,
         )
         self._plan = plan

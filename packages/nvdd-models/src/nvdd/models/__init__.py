@@ -28,6 +28,9 @@
   from a fairchem checkpoint or built from its configuration; it runs unmodified
   under DD on a receptive-field halo, a mixture-of-experts backbone once merged
   for the system's composition.
+- :class:`AIMNet2Model`: an AIMNet2 potential (the optional ``nvdd-models[aimnet2]``
+  extra), from an aimnet v2 file or built from its configuration; under DD on a
+  receptive-field halo, its neural charge equilibration's sums all-reduced over ranks.
 
 Every model is an ``nvdd.spec.BaseModelMixin``: ``distribution_spec()`` returns
 its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_MACE_HALO``, ``SPEC_EWALD_HALO``,
@@ -37,6 +40,7 @@ its preset (``SPEC_LJ_HALO``, ``SPEC_MPNN_HALO``, ``SPEC_MACE_HALO``, ``SPEC_EWA
 """
 
 from nvdd.models.__about__ import __version__
+from nvdd.models._aimnet2 import AIMNet2Model
 from nvdd.models._charges import CHARGES, assign_charges
 from nvdd.models._coulomb_config import COULOMB_EV_A, EwaldConfig, PMEConfig
 from nvdd.models._dftd3 import DFTD3, D3Config
@@ -54,6 +58,7 @@ from nvdd.models._uma import UMAModel
 from nvdd.models._verlet import VerletList
 
 __all__ = [
+    "AIMNet2Model",
     "CHARGES",
     "COULOMB_EV_A",
     "D3Config",

@@ -1,0 +1,502 @@
+"""`AIMNet2Model`: an AIMNet2 (``aimnet``) potential as an nvdd model.
+
+AIMNet2 reads a dict of flat tensors in its "nb_mode 1" layout: the atoms of
+every system stacked along one axis, followed by a padding atom that is the
+*last* row; a dense ``(n_rows, K)`` neighbour matrix ``nbmat`` whose unused
+slots hold that last row; the per-slot image shifts; a molecule index
+``mol_idx``. That layout is exactly what :class:`nvdd.padding.DenseBatchPadder`
+produces (padding atoms in a padding system, unused slots ``atom_cap - 1``),
+so the wrapper builds it from its Verlet list through the padder.
+
+The model runs in two parts, both aimnet's own modules:
+
+- the body (``AIMNet2.forward_prepared``): the embedding, the geometry
+  (``AEVSV``) and ``len(mlps)`` passes, each a convolution over the
+  neighbours (``ConvSV``) followed by an MLP. After every pass but the last,
+  the *neural charge equilibration* (``AIMNet2._update_q``) moves charge so
+  that each system's atomic charges sum to its total charge: ``q_i = q'_i +
+  f_i (Q - sum_j q'_j) / (sum_j f_j + eps)``, a sum over every atom of the
+  system. The wrapper supplies that step (:func:`_equalize`, the same
+  equations) with the two sums over the rows it *counts*: every real row on
+  one process; this rank's owned rows under ``DomainParallel``, summed over
+  the ranks by one all-reduce whose backward is an all-reduce too
+  (:func:`global_system_sum`), so every row's charge, ghost rows included,
+  uses the global sums.
+- the outputs (``Output``, ``AtomicShift``, ``AtomicSum``, ``SRCoulomb``):
+  run with ``mol_idx`` = the row itself, so aimnet's own per-molecule sums are
+  per-atom energies (``SRCoulomb``'s pair sum is split half to each atom, its
+  own convention). Modules whose energy is not a sum of such per-atom terms
+  (``LRCoulomb``: all pairs, DSF or Ewald; ``DFTD3`` / ``D3TS``: a system-wide
+  coordination kernel) are refused when the wrapper is built, naming the module.
+
+Under ``DomainParallel`` the spec is :func:`nvdd.spec.receptive_field_spec`
+with ``layers = len(mlps)`` and ``fold=True`` (record 0067; the equalisation's
+sums are the only communication, record 0080): owned atoms' energies are
+exact on a halo of ``layers x cutoff + skin``, and the runtime's forces are the
+derivative of their sum, ghost rows folded to their owners.
+
+Two things the wrapper sets itself rather than aimnet's ``prepare_input``:
+aimnet casts coordinates to the default dtype *of the moment it was
+imported* (float32, usually), so the wrapper prepares the layout with
+aimnet's own ``nbops.set_nb_mode`` / ``calc_masks`` and keeps the model's
+dtype (float64 runs in float64); and the per-system total charge comes from
+``batch.system_extras["charge"]`` (default 0).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from nvdd.core import Batch, ModelOutputs, ValidationError, all_reduce, import_optional
+from nvdd.models._checks import check_positive, config_error
+from nvdd.models._verlet import VerletList
+from nvdd.padding import DenseBatchGraph, DenseBatchPadder
+from nvdd.shardtensor import current_dd_context
+from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = ["AIMNet2Model", "global_system_sum"]
+
+_EXTRA = "nvdd-models[aimnet2]"
+#: ``batch.system_extras`` key of each system's total charge (units of e).
+TOTAL_CHARGE = "charge"
+#: aimnet's ``ops.nse`` epsilon (added to the sum of the weights).
+_NSE_EPSILON = 1.0e-6
+#: Output modules whose energy is a sum of per-atom terms (see the module docstring).
+_PER_ATOM_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb", "Dipole", "Quadrupole")
+_WHY = {
+    "LRCoulomb": "its Coulomb energy sums over all pairs of a system (or a DSF/Ewald/PME "
+    "sum of the periodic system), not over a neighbourhood",
+    "DFTD3": "its dispersion runs aimnet's system-wide D3 kernel",
+    "D3TS": "its dispersion runs a system-wide kernel",
+}
+
+
+def aimnet_module(name: str, feature: str = "AIMNet2Model") -> Any:
+    """``import_optional`` of an aimnet module with the extra's install hint."""
+    return import_optional(name, package="aimnet", feature=feature, extra=_EXTRA)
+
+
+class _SumOverRanksBoth(torch.autograd.Function):
+    """All-reduce (sum) forward and backward.
+
+    Unlike ``nvdd.shardtensor.sum_over_ranks`` (identity backward, for a total
+    each rank differentiates only through its own share) the result here feeds
+    every rank's energies: ``d(sum_r E_r)/d x_r' = sum_r dE_r/dS * dS/dx_r'``,
+    so the gradient reaching each rank's share is the sum over ranks.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        out = x.clone(memory_format=torch.contiguous_format)
+        all_reduce(out, "sum", group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = grad.clone(memory_format=torch.contiguous_format)
+        all_reduce(out, "sum", ctx.group)
+        return out, None
+
+
+def global_system_sum(
+    values: torch.Tensor,
+    system_index: torch.Tensor,
+    counted: torch.Tensor,
+    n_systems: int,
+    group: ProcessGroup | None = None,
+    *,
+    distributed: bool = False,
+) -> torch.Tensor:
+    """Per-system sums of the counted rows of ``values``, over every rank.
+
+    **Collective** over ``group`` when ``distributed``: one all-reduce forward,
+    and one more in the backward (every rank must differentiate through it, as
+    the runtime's folded forces do); no communication otherwise.
+
+    Parameters
+    ----------
+    values:
+        Shape ``(n_rows, c)``.
+    system_index:
+        Int64, shape ``(n_rows,)``, values in ``[0, n_systems]`` (``n_systems``:
+        a bucket for rows that are never counted).
+    counted:
+        Bool, shape ``(n_rows,)``: the rows that count (each atom on exactly one
+        rank: the owned rows).
+    n_systems, group, distributed:
+        The number of systems; the group summed over when ``distributed``.
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(n_systems, c)``, differentiable in ``values`` (the gradient of
+        a sum every rank uses is summed over the ranks).
+    """
+    kept = torch.where(counted[:, None], values, torch.zeros_like(values))
+    out = values.new_zeros(n_systems + 1, values.shape[1]).index_add(0, system_index, kept)
+    out = out[:n_systems]
+    if distributed:
+        out = cast(torch.Tensor, _SumOverRanksBoth.apply(out, group))  # type: ignore[no-untyped-call]
+    return out
+
+
+def _equalize(
+    model: Any, sums: Callable[[torch.Tensor], torch.Tensor], row_system: torch.Tensor
+) -> Callable[..., dict[str, torch.Tensor]]:
+    """AIMNet2's ``_update_q`` with its two per-system sums given by ``sums``.
+
+    The pass's MLP output splits into the charge update, the weights' roots and
+    the feature update; the charges become ``q' + f (Q - sum q') / (sum f +
+    eps)`` per system, ``f`` the squared roots (aimnet's ``ops.nse``).
+    """
+
+    def update(data: dict[str, torch.Tensor], x: torch.Tensor, delta_q: bool = True) -> Any:
+        nq = int(model.num_charge_channels)
+        q_new, f_root, delta_a = torch.split(x, [nq, nq, x.shape[-1] - 2 * nq], dim=-1)
+        q_u = data["charges"] + q_new if delta_q else q_new
+        f_u = f_root.pow(2)
+        total = sums(torch.cat([q_u, f_u], dim=-1))
+        q_sum, f_sum = torch.split(total, [nq, nq], dim=-1)
+        target = data["_nvdd_total_charge"]
+        scale = (target[:, None] - q_sum) / (f_sum + _NSE_EPSILON)
+        scale = torch.cat([scale, scale.new_zeros(1, nq)])  # (rows never counted)
+        data["charges"] = q_u + f_u * scale.index_select(0, row_system)
+        data["a"] = data["a"] + delta_a.view_as(data["a"])
+        return data
+
+    return update
+
+
+def _output_problem(model: Any) -> str | None:
+    for name, module in model.outputs.named_children():
+        kind = type(module).__name__
+        if kind not in _PER_ATOM_OUTPUTS:
+            why = _WHY.get(kind, "its energy is not a sum of per-atom terms the wrapper knows")
+            return (
+                f"AIMNet2Model: output module {name!r} ({kind}) is not supported: {why}. "
+                f"Supported outputs: {', '.join(_PER_ATOM_OUTPUTS)}; build the model without "
+                f"{name!r} (AIMNet2's own v2 files keep long-range Coulomb and D3 outside the "
+                "model, which its calculator adds)"
+            )
+        if kind == "AtomicShift" and bool(module.reduce_sum):
+            return f"AIMNet2Model: output {name!r} (AtomicShift) has reduce_sum=True, unsupported"
+    return None
+
+
+class AIMNet2Model(BaseModelMixin, torch.nn.Module):
+    """An ``aimnet.models.AIMNet2`` as an nvdd model (one process and under DD).
+
+    Energy, forces and per-atom energies (``atom_energies``) of every system
+    of a batch (the equalised atomic charges: :meth:`charges`), with periodic,
+    open or mixed boundaries; each system's total charge is
+    ``batch.system_extras["charge"]`` (default 0). Under ``DomainParallel`` it
+    runs on the ``[owned | ghost]`` rows of a receptive-field halo
+    (:meth:`distribution_spec`); the charge equilibration's sums are global
+    (one all-reduce per charge pass, record 0080).
+
+    Parameters
+    ----------
+    model:
+        An ``aimnet.models.AIMNet2`` (from :meth:`from_file`, :meth:`from_config`
+        or aimnet's own ``load_model``) with one charge channel and outputs
+        among ``Output``, ``AtomicShift``, ``AtomicSum``, ``SRCoulomb`` (and
+        the non-energy ``Dipole`` / ``Quadrupole``).
+    dtype:
+        Convert the parameters (float32 or float64). Default: keep.
+    device:
+        Move the model. Default: keep.
+    skin:
+        Verlet skin of the wrapper's neighbour list (Angstrom).
+
+    Attributes
+    ----------
+    aimnet:
+        The wrapped module (unchanged; the wrapper supplies the charge
+        equilibration's sums during its own forward only).
+    neighbors:
+        The wrapper's :class:`~nvdd.models.VerletList` (cutoff: the AEV's ``rc_s``).
+    layers:
+        Interaction passes (``len(model.mlps)``): the receptive field is
+        ``layers x cutoff``.
+    Raises
+    ------
+    ConfigurationError
+        On an unsupported output module, two charge channels (open-shell NSE)
+        or a bad argument, naming it.
+    """
+
+    compile_unsupported = (
+        "aimnet's forward reads its neighbour mode from a tensor on the host on every call "
+        "(nbops.get_nb_mode), which the wrapper does not trace with torch.compile"
+    )
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        skin: float = 0.0,
+    ) -> None:
+        super().__init__()
+        models = aimnet_module("aimnet.models")
+        if not isinstance(model, models.AIMNet2):
+            raise config_error(f"AIMNet2Model wraps an aimnet AIMNet2, got {type(model).__name__}")
+        check_positive("skin", skin, allow_zero=True)
+        if dtype is not None and dtype not in (torch.float32, torch.float64):
+            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        inner: Any = model
+        if int(inner.num_charge_channels) != 1:
+            raise config_error(
+                "AIMNet2Model: two charge channels (open-shell NSE, num_charge_channels=2) are "
+                "not supported; use a closed-shell model (num_charge_channels=1)"
+            )
+        problem = _output_problem(inner)
+        if problem is not None:
+            raise config_error(problem)
+        self.layers = len(inner.mlps)
+        cutoff = float(inner.aev.rc_s)
+        if not cutoff > 0:
+            raise config_error(f"AIMNet2Model: the model's cutoff rc_s is {cutoff}")
+        if dtype is not None or device is not None:
+            model = model.to(dtype=dtype, device=device)
+        self.aimnet = model.eval()
+        self._cutoff = cutoff
+        self.neighbors = VerletList(cutoff, skin)
+        self._padder: DenseBatchPadder | None = None
+        # the elements of its embedding (index 0 is padding)
+        self._n_types = int(inner.afv.num_embeddings)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> AIMNet2Model:
+        """Wrap the model of an aimnet v2 ``.pt`` file, read and built by aimnet's own
+        ``aimnet.models.load_model`` (restricted ``torch.load``, its import policy);
+        ``kwargs`` go to the constructor."""
+        base = aimnet_module("aimnet.models.base", "AIMNet2Model.from_file")
+        if not os.path.isfile(path):
+            raise config_error(f"AIMNet2Model.from_file: no file {os.fspath(path)!r}")
+        model, _meta = base.load_model(os.fspath(path), device="cpu")
+        return cls(model, **kwargs)
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], *, seed: int = 0, **kwargs: Any
+    ) -> AIMNet2Model:
+        """An AIMNet2 with random weights (``seed``) built by aimnet's own
+        ``aimnet.config.build_module`` from its model configuration (the
+        structure of aimnet's ``aimnet2.yaml``: ``{"class":
+        "aimnet.models.AIMNet2", "kwargs": {...}}``). Nothing is downloaded.
+        ``kwargs`` go to the constructor."""
+        build = aimnet_module("aimnet.config", "AIMNet2Model.from_config")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = build.build_module(_plain(config))
+        if not isinstance(module, torch.nn.Module):
+            raise config_error("AIMNet2Model.from_config: the configuration built no module")
+        return cls(module, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the padder (its frozen mappings do not pickle; a new one
+        starts from small capacities)."""
+        state = dict(self.__dict__)
+        state["_padder"] = None
+        return state
+
+    # ---------------------------------------------------------- properties
+    @property
+    def padder(self) -> DenseBatchPadder:
+        """The :class:`~nvdd.padding.DenseBatchPadder` of the neighbour matrix."""
+        if self._padder is None:
+            self._padder = DenseBatchPadder(name="aimnet2", atom_fill={"atomic_numbers": 0})
+        return self._padder
+
+    @property
+    def cutoff(self) -> float:
+        """The model's cutoff (the AEV's ``rc_s``, Angstrom)."""
+        return self._cutoff
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
+        return next(self.aimnet.parameters()).dtype
+
+    def extra_repr(self) -> str:
+        """The module repr's summary: cutoff, layers and skin."""
+        return f"cutoff={self._cutoff}, layers={self.layers}, skin={self.neighbors.skin}"
+
+    # ---------------------------------------------------------------- spec
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``.
+
+        The model runs on ``[owned | ghost]`` rows of a halo of ``layers x cutoff
+        + skin``; owned atoms' energies are exact there (the charge
+        equilibration's sums are global), and the forces are the derivative of
+        their sum, ghost rows' parts folded to their owners (record 0067).
+        """
+        return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
+
+    # ------------------------------------------------------------- physics
+    def _check(self, batch: Batch) -> None:
+        if batch.dtype != self.dtype:
+            raise ValidationError(
+                f"batch is {batch.dtype} but the AIMNet2 parameters are {self.dtype}; "
+                f"convert one of them (AIMNet2Model(..., dtype={batch.dtype}) or "
+                f"batch.to(dtype={self.dtype}))"
+            )
+        z = batch.atomic_numbers
+        bad = (z < 1) | (z >= self._n_types)
+        if bool(bad.any()):
+            zs = sorted({int(v) for v in z[bad].tolist()})
+            raise ValidationError(
+                f"AIMNet2Model: atomic numbers {zs} are outside the model's embedding "
+                f"(1..{self._n_types - 1})"
+            )
+
+    def inputs(self, batch: Batch, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """AIMNet2's prepared input dict (nb_mode 1) for ``batch`` at ``positions``.
+
+        The rows are the batch's, padded by :attr:`padder` (the last row a padding
+        atom); ``mol_idx`` is the row (per-atom outputs); differentiable in
+        ``positions``.
+        """
+        edges = self.neighbors.for_batch(batch)
+        if self.neighbors.rebuilt:
+            self._check(batch)
+        n = batch.n_atoms
+        order = torch.argsort(edges.receivers, stable=True)
+        recv = edges.receivers.index_select(0, order)
+        send = edges.senders.index_select(0, order)
+        counts = torch.bincount(recv, minlength=n)
+        k_max = int(counts.max()) if n and recv.numel() else 0
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(recv.shape[0], device=recv.device) - starts.index_select(0, recv)
+        matrix = torch.zeros(n, k_max, dtype=torch.int64, device=recv.device)
+        matrix[recv, slot] = send
+        shift = edges.shift_vectors(batch.cell, batch.system_index)
+        vectors = positions.new_zeros(n, k_max, 3)
+        if shift is not None:
+            vectors = vectors.index_put((recv, slot), shift.index_select(0, order))
+        graph = DenseBatchGraph(
+            neighbors=matrix,
+            num_neighbors=counts,
+            system_index=batch.system_index,
+            n_systems=batch.n_systems,
+            atom_fields={"positions": positions, "atomic_numbers": batch.atomic_numbers},
+            neighbor_fields={"shifts": vectors},
+        )
+        padded = self.padder.pad(graph)
+        rows = int(padded.neighbors.shape[0])
+        data: dict[str, torch.Tensor] = {
+            "coord": padded.atom_fields["positions"],
+            "numbers": padded.atom_fields["atomic_numbers"].to(torch.int64),
+            "nbmat": padded.neighbors.to(torch.int32),
+            "shifts": padded.neighbor_fields["shifts"],
+            "cell": torch.eye(3, dtype=positions.dtype, device=positions.device),
+            "mol_idx": torch.arange(rows, device=positions.device),
+            "charge": positions.new_zeros(rows - 1),
+        }
+        nbops = aimnet_module("aimnet.nbops")
+        data = nbops.set_nb_mode(data)
+        return cast(dict[str, torch.Tensor], nbops.calc_masks(data))
+
+    def _sums(self, batch: Batch, rows: int) -> tuple[Callable[..., Any], torch.Tensor]:
+        """The equalisation's per-system sum and each padded row's system
+        (``n_systems`` for padding rows)."""
+        n, s = batch.n_atoms, batch.n_systems
+        dev = batch.positions.device
+        row_system = torch.full((rows,), s, dtype=torch.int64, device=dev)
+        row_system[:n] = batch.system_index
+        counted = torch.zeros(rows, dtype=torch.bool, device=dev)
+        ctx = current_dd_context()
+        layout = ctx.layout
+        counted[: n if layout is None else layout.n_owned] = True
+        distributed = layout is not None
+
+        def sums(values: torch.Tensor) -> torch.Tensor:
+            return global_system_sum(
+                values, row_system, counted, s, ctx.group, distributed=distributed
+            )
+
+        return sums, row_system
+
+    def _run(self, batch: Batch, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-atom energies and equalised charges of ``batch``'s rows at ``positions``."""
+        total = batch.system_extras.get(TOTAL_CHARGE)
+        if total is None:
+            total = positions.new_zeros(batch.n_systems)
+        elif tuple(total.shape) != (batch.n_systems,):
+            raise ValidationError(
+                f"system_extras[{TOTAL_CHARGE!r}] has shape {tuple(total.shape)}, expected "
+                f"({batch.n_systems},): one total charge per system"
+            )
+        inner: Any = self.aimnet
+        data = self.inputs(batch, positions)
+        sums, row_system = self._sums(batch, int(data["coord"].shape[0]))
+        data["_nvdd_total_charge"] = total.to(positions.dtype)
+        inner.__dict__["_update_q"] = _equalize(inner, sums, row_system)
+        try:
+            out = inner.forward_prepared(data)
+        finally:
+            del inner.__dict__["_update_q"]
+        n = batch.n_atoms
+        return out["energy"][:n].to(positions.dtype), out["charges"][:n]
+
+    def charges(self, batch: Batch) -> torch.Tensor:
+        """The equalised atomic charges (e) of ``batch``'s atoms, shape ``(n_atoms,)``:
+        each system's sum is its total charge (to aimnet's ``1e-6`` regularisation).
+
+        **Collective** under a live DD context (as :meth:`forward`).
+        """
+        with torch.no_grad():
+            return self._run(batch, batch.positions.detach())[1]
+
+    def forward(self, batch: Batch) -> ModelOutputs:
+        """Energy, forces and per-atom energies of every system of ``batch``.
+
+        When ``batch.positions`` already requires grad (the runtime's autograd
+        leaf under a receptive-field spec) the outputs keep their graph and no
+        forces are returned: the caller differentiates ``atom_energies``.
+        Otherwise the forces are ``-dE/dx`` by autograd and every output is
+        detached.
+
+        **Collective** under a live DD context: one all-reduce per charge pass
+        (and one per pass in the backward).
+
+        Raises
+        ------
+        ValidationError
+            On a dtype mismatch or an element outside the model's embedding
+            (checked when the neighbour list is rebuilt), or a total charge
+            (``batch.system_extras["charge"]``) of the wrong shape.
+        """
+        given = batch.positions.requires_grad
+        positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
+        with torch.enable_grad():
+            atom, _charges = self._run(batch, positions)
+            energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
+            if given:
+                return {"energy": energy, "atom_energies": atom}
+            (grad,) = torch.autograd.grad(energy.sum(), positions, allow_unused=True)
+        forces = -grad if grad is not None else torch.zeros_like(positions)
+        return {
+            "energy": energy.detach(),
+            "forces": forces.detach(),
+            "atom_energies": atom.detach(),
+        }
+
+
+def _plain(config: Mapping[str, Any]) -> Any:
+    """A deep plain-``dict``/``list`` copy of ``config`` (aimnet's builder mutates it)."""
+    if isinstance(config, Mapping):
+        return {k: _plain(v) for k, v in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [_plain(v) for v in config]
+    return config

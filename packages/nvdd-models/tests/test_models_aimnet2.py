@@ -1,0 +1,252 @@
+"""AIMNet2Model: an AIMNet2 potential (``aimnet``) under domain decomposition, its
+charge equilibration's sums global (issue 37 item 2, records 0067 and 0080).
+
+Needs the ``nvdd-models[aimnet2]`` extra (installed by the ``checks`` session); without
+it these tests skip, or fail where ``NVDD_REQUIRE_EXTRAS=1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+from nvdd.spec import StrategyKind
+from nvdd.testing import assert_dd_equivalent, importorskip_extra, run_ranks
+
+_MLP = {"activation_fn": "torch.nn.GELU", "last_linear": True, "hidden": [8]}
+#: A tiny AIMNet2 (aimnet's own configuration format): 3 passes, cutoff 2.6 A, the
+#: short-range Coulomb of aimnet's v2 files ("sr_embedded").
+CONFIG: dict[str, Any] = {
+    "class": "aimnet.models.AIMNet2",
+    "kwargs": {
+        "nfeature": 4,
+        "d2features": True,
+        "ncomb_v": 4,
+        "hidden": [[16], [16], [16]],
+        "aim_size": 8,
+        "aev": {"rc_s": 2.5, "nshifts_s": 4},
+        "outputs": {
+            "energy_mlp": {
+                "class": "aimnet.modules.Output",
+                "kwargs": {
+                    "n_in": 8,
+                    "n_out": 1,
+                    "key_in": "aim",
+                    "key_out": "energy",
+                    "mlp": _MLP,
+                },
+            },
+            "atomic_shift": {
+                "class": "aimnet.modules.AtomicShift",
+                "kwargs": {"key_in": "energy", "key_out": "energy"},
+            },
+            "atomic_sum": {
+                "class": "aimnet.modules.AtomicSum",
+                "kwargs": {"key_in": "energy", "key_out": "energy"},
+            },
+            "srcoulomb": {
+                "class": "aimnet.modules.SRCoulomb",
+                "kwargs": {"rc": 2.25, "key_in": "charges", "key_out": "energy"},
+            },
+        },
+    },
+}
+
+
+def _aimnet() -> Any:
+    return importorskip_extra("aimnet", reason="needs the nvdd-models[aimnet2] extra")
+
+
+def _model(seed: int = 1) -> Any:
+    _aimnet()
+    from nvdd.models import AIMNet2Model
+
+    model = AIMNet2Model.from_config(CONFIG, seed=seed, dtype=torch.float64, skin=0.3)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # (untrained: zero shifts)
+        torch.manual_seed(seed)
+        model.aimnet.outputs.atomic_shift.shifts.weight[1:].normal_()
+    return model
+
+
+def oxide(
+    n: tuple[int, int, int], spacing: float = 1.8, seed: int = 0, charge: float = 1.0
+) -> Batch:
+    """O and Si (2:1) on a jittered simple-cubic lattice, periodic, ids shuffled,
+    total charge ``charge``."""
+    g = torch.Generator().manual_seed(seed)
+    axes = [torch.arange(k, dtype=torch.float64) for k in n]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    m = grid.shape[0]
+    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
+    return Batch(
+        positions=positions,
+        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
+        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
+        system_extras={"charge": torch.tensor([charge], dtype=torch.float64)},
+    )
+
+
+def _all_pairs(plain: Any, batch: Batch) -> dict[str, torch.Tensor]:
+    """aimnet's own nb_mode-1 input for an open ``batch``: every other atom of the
+    same system a neighbour (its cutoff function drops the far ones), the last row
+    a padding atom, ``mol_idx`` the system: nothing of nvdd's neighbour list or padder."""
+    from aimnet import nbops
+
+    n = batch.n_atoms
+    sys_i = batch.system_index
+    rows = []
+    for i in range(n):
+        same = [j for j in range(n) if j != i and int(sys_i[j]) == int(sys_i[i])]
+        rows.append(same)
+    k = max(len(r) for r in rows)
+    nbmat = torch.full((n + 1, k), n, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        nbmat[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
+    data = {
+        "coord": torch.cat([batch.positions, batch.positions.new_full((1, 3), 1e3)]),
+        "numbers": torch.cat([batch.atomic_numbers, batch.atomic_numbers.new_zeros(1)]),
+        "nbmat": nbmat,
+        "mol_idx": torch.cat([sys_i, sys_i[-1:]]),
+        "charge": batch.system_extras["charge"].clone(),
+    }
+    return nbops.calc_masks(nbops.set_nb_mode(data))  # type: ignore[no-any-return]
+
+
+def test_the_wrapper_is_aimnet_and_a_model_file_round_trips(tmp_path: Path) -> None:
+    """On one process the wrapper equals the unwrapped AIMNet2 (aimnet's own
+    forward body, charge equilibration and output sums, on an all-pairs neighbour
+    matrix built here) on two open systems of different total charge: energies,
+    forces by autograd and charges. A v2 file written with the model's config and
+    weights loads back through aimnet's own loader to the same model."""
+    import yaml
+
+    from nvdd.models import AIMNet2Model
+
+    model = _model(seed=3)
+    assert model.layers == 3 and abs(model.cutoff - 2.5) < 1e-6
+    spec = model.distribution_spec(StrategyKind.GRAPH_PARTITION)
+    assert spec.name == "receptive_field(L=3, fold)"
+    a = oxide((3, 2, 2), seed=5, charge=1.0)
+    b = oxide((2, 2, 2), seed=6, charge=-2.0)
+    b = b.replace(atom_ids=b.atom_ids + 1)  # (ids unique across the two)
+    batch = Batch.concatenate([a, b]).replace(pbc=torch.zeros(2, 3, dtype=torch.bool))
+    got = model(batch)
+    plain = copy.deepcopy(model.aimnet)
+    data = _all_pairs(plain, batch)
+    data["coord"] = data["coord"].detach().requires_grad_(True)
+    ref = plain.forward_prepared(data)
+    (grad,) = torch.autograd.grad(ref["energy"].sum(), data["coord"])
+    n = batch.n_atoms
+    assert torch.allclose(got["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
+    assert float((got["forces"] + grad[:n]).abs().max()) < 1e-10
+    assert float(grad[:n].abs().max()) > 1e-3  # forces that could be wrong
+    charges = model.charges(batch)
+    assert float((charges - ref["charges"][:n].detach()).abs().max()) < 1e-10
+    totals = torch.zeros(2, dtype=torch.float64).index_add(0, batch.system_index, charges)
+    assert torch.allclose(totals, torch.tensor([1.0, -2.0], dtype=torch.float64), atol=1e-3)
+    assert torch.allclose(got["atom_energies"].sum(), got["energy"].sum(), atol=1e-10)
+
+    path = tmp_path / "aimnet2_tiny.pt"
+    artifact = {
+        "format_version": 2,
+        "model_yaml": yaml.safe_dump(CONFIG, sort_keys=False),
+        "cutoff": 2.5,
+        "needs_coulomb": False,
+        "needs_dispersion": False,
+        "coulomb_mode": "none",
+        "implemented_species": [8, 14],
+        "state_dict": model.aimnet.state_dict(),
+    }
+    torch.save(artifact, path)
+    loaded = AIMNet2Model.from_file(path, dtype=torch.float64)
+    again = loaded(batch)
+    assert float((again["forces"] - got["forces"]).abs().max()) < 1e-12
+    with pytest.raises(ConfigurationError, match="no file"):
+        AIMNet2Model.from_file(tmp_path / "missing.pt")
+
+
+def test_global_terms_it_cannot_split_are_refused() -> None:
+    """A configuration with aimnet's LRCoulomb (all pairs) is refused when wrapped,
+    naming the module and why."""
+    _aimnet()
+    from nvdd.models import AIMNet2Model
+
+    config = copy.deepcopy(CONFIG)
+    config["kwargs"]["outputs"]["lrcoulomb"] = {
+        "class": "aimnet.modules.LRCoulomb",
+        "kwargs": {"rc": 2.25, "key_in": "charges", "key_out": "energy"},
+    }
+    with pytest.raises(ConfigurationError, match=r"'lrcoulomb' \(LRCoulomb\).*all pairs"):
+        AIMNet2Model.from_config(config)
+
+
+def _global_sum_rank() -> None:
+    """global_system_sum on 2 ranks against the unsharded sum, forward and backward."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    from nvdd.models._aimnet2 import global_system_sum
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(10, 2, generator=g, dtype=torch.float64)
+    system = torch.tensor([0, 1, 0, 1, 1, 0, 0, 1, 2, 2])  # (2: never counted)
+    weights = torch.randn(2, 2, generator=g, dtype=torch.float64)
+    # the oracle: one process, every real row
+    leaf = values.clone().requires_grad_(True)
+    whole = torch.zeros(3, 2, dtype=torch.float64).index_add(0, system, leaf)[:2]
+    (whole**2 * weights).sum().backward()
+    # sharded: rank r counts rows r, r + 2, ... of the first 8; every rank sees every row
+    mine = values.clone().requires_grad_(True)
+    counted = (torch.arange(10) % world == rank) & (torch.arange(10) < 8)
+    out = global_system_sum(mine, system, counted, 2, dist.group.WORLD, distributed=True)
+    assert torch.allclose(out, whole.detach(), rtol=0, atol=1e-14)
+    (out**2 * weights).sum().backward()  # each rank's own loss uses the same total
+    grads = mine.grad * counted[:, None]
+    dist.all_reduce(grads)
+    assert torch.allclose(grads, world * leaf.grad, rtol=0, atol=1e-13)
+
+
+@pytest.mark.gloo
+def test_the_global_sum_is_exact_on_ranks() -> None:
+    """The collective sum (all-reduce forward and backward) equals the unsharded one."""
+    run_ranks(_global_sum_rank, 2)
+
+
+@pytest.mark.gloo
+def test_aimnet2_is_exact_under_domain_decomposition() -> None:
+    """assert_dd_equivalent at 1e-10 (float64) on 2, 3 and 4 ranks, periodic and
+    open, total charge +1: the model's own spec (receptive field, L = 3, folded),
+    the charge equilibration's sums over owned rows all-reduced."""
+    model = _model()
+    report = assert_dd_equivalent(
+        model, oxide((4, 3, 3)), ranks=(2, 3, 4), steps=1, systems=("periodic", "open")
+    )
+    assert report.passed and len(report.cases) == 6
+    assert "receptive_field(L=3, fold)" in report.spec
+    assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+    assert all(c.errors["forces"] < 1e-10 for c in report.cases)
+
+
+def test_without_aimnet_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No aimnet (its import fails): an OptionalDependencyError naming the extra."""
+    for name in [m for m in sys.modules if m == "aimnet" or m.startswith("aimnet.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "aimnet", None)  # import aimnet -> ImportError
+    from nvdd.models import AIMNet2Model
+
+    for call in (
+        lambda: AIMNet2Model(torch.nn.Linear(1, 1)),
+        lambda: AIMNet2Model.from_config(CONFIG),
+        lambda: AIMNet2Model.from_file("model.pt"),
+    ):
+        with pytest.raises(OptionalDependencyError, match=r"pip install 'nvdd-models\[aimnet2\]'"):
+            call()
