@@ -232,7 +232,9 @@ def _structure(args: argparse.Namespace) -> list[str]:
         return out
     known = _model_elements(args)
     if known is not None and present - set(known):
-        kind = {"sevenn": "SevenNet", "uma": "UMA"}.get(getattr(args, "model", "lj"), "MACE")
+        kind = {"sevenn": "SevenNet", "uma": "UMA", "aimnet2": "AIMNet2"}.get(
+            getattr(args, "model", "lj"), "MACE"
+        )
         builtin = f"the built-in {kind}"
         which = f"the model in {args.model_file}" if args.model_file else builtin
         out.append(
@@ -370,7 +372,7 @@ def system_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["structure"] = str(Path(args.structure).resolve())
         else:
             opts["cells"] = args.cells
-        if model in ("mace", "sevenn", "uma"):
+        if model in ("mace", "sevenn", "uma", "aimnet2"):
             model_file = getattr(args, "model_file", None)
             opts["model_file"] = str(Path(model_file).resolve()) if model_file else None
             if model == "uma":

@@ -9,12 +9,13 @@ from pathlib import Path
 __all__ = ["BUILTIN_MACE_ELEMENTS", "FILE_MODELS", "MODELS", "model_args_problem"]
 
 #: ``--model`` choices.
-MODELS = ("lj", "mace", "sevenn", "uma")
+MODELS = ("lj", "mace", "sevenn", "uma", "aimnet2")
 #: The ``--model`` choices that read ``--model-file``, and what the file is.
 FILE_MODELS = {
     "mace": "a mace-torch model (.model)",
     "sevenn": "a SevenNet checkpoint (.pth)",
     "uma": "a fairchem UMA inference checkpoint (.pt)",
+    "aimnet2": "an aimnet v2 AIMNet2 model file (.pt)",
 }
 #: Atomic numbers of the built-in random MACE, SevenNet or UMA (``--model mace|sevenn|uma``
 #: without a file): O, Si.

@@ -1,6 +1,7 @@
 """The models of ``nvdd run``: Lennard-Jones argon, MACE (a saved mace-torch model
 or a built-in small random one), SevenNet or UMA (a checkpoint or a built-in small
-random one), and the built-in system each runs on."""
+random one), AIMNet2 (an aimnet v2 file or a built-in small random one), and the
+built-in system each runs on."""
 
 from __future__ import annotations
 
@@ -107,6 +108,44 @@ def _uma(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> 
     return models.UMAModel.from_config(backbone, seed=0, task="omat", **kwargs)
 
 
+def _aimnet2(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
+    """``--model aimnet2``: the aimnet v2 file ``args.model_file`` (aimnet's own
+    loader) or a small random AIMNet2 (3 passes, cutoff 4 A; weights from seed 0)."""
+    models = _mace_modules()
+    kwargs = {"dtype": dtype, "device": device, "skin": args.skin}
+    path = getattr(args, "model_file", None)
+    if path:
+        return models.AIMNet2Model.from_file(path, **kwargs)
+    mlp = {"activation_fn": "torch.nn.GELU", "last_linear": True, "hidden": [32]}
+    energy = {"key_in": "energy", "key_out": "energy"}
+    config = {
+        "class": "aimnet.models.AIMNet2",
+        "kwargs": {
+            "nfeature": 8,
+            "d2features": True,
+            "ncomb_v": 8,
+            "hidden": [[64], [64], [64]],
+            "aim_size": 32,
+            "aev": {"rc_s": 4.0, "nshifts_s": 8},
+            "outputs": {
+                "energy_mlp": {
+                    "class": "aimnet.modules.Output",
+                    "kwargs": {
+                        "n_in": 32,
+                        "n_out": 1,
+                        "key_in": "aim",
+                        "key_out": "energy",
+                        "mlp": mlp,
+                    },
+                },
+                "atomic_shift": {"class": "aimnet.modules.AtomicShift", "kwargs": energy},
+                "atomic_sum": {"class": "aimnet.modules.AtomicSum", "kwargs": energy},
+            },
+        },
+    }
+    return models.AIMNet2Model.from_config(config, seed=0, **kwargs)
+
+
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """The model of ``args.model`` on ``device`` in ``dtype``.
 
@@ -119,12 +158,16 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     built-in random SevenNet (O, Si; the ``nvdd-models[sevenn]`` extra). ``uma``:
     ``args.model_file`` read by fairchem's loader for ``args.task`` (a trusted
     file: it is unpickled) or a built-in random UMA (the ``nvdd-models[uma]``
+    extra). ``aimnet2``: ``args.model_file`` read by aimnet's ``load_model`` (an
+    aimnet v2 file) or a built-in random AIMNet2 (the ``nvdd-models[aimnet2]``
     extra).
     """
     if getattr(args, "model", "lj") == "sevenn":
         return _sevenn(args, device, dtype)
     if getattr(args, "model", "lj") == "uma":
         return _uma(args, device, dtype)
+    if getattr(args, "model", "lj") == "aimnet2":
+        return _aimnet2(args, device, dtype)
     if getattr(args, "model", "lj") == "mace":
         models = _mace_modules()
         path = getattr(args, "model_file", None)
@@ -154,11 +197,11 @@ def _velocities(batch: Batch, temperature_K: float, seed: int) -> torch.Tensor:
 def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None:
     """The built-in system of a model that does not run on argon, else None.
 
-    ``mace``, ``sevenn`` and ``uma``: a silica-like periodic box, O and Si (2:1, random) on a jittered
+    ``mace``, ``sevenn``, ``uma`` and ``aimnet2``: a silica-like periodic box, O and Si (2:1, random) on a jittered
     simple-cubic lattice of ``args.cells`` sites per edge (``cells**3`` atoms) at
     the density of amorphous SiO2, with velocities at ``args.temperature``.
     """
-    if getattr(args, "model", "lj") not in ("mace", "sevenn", "uma"):
+    if getattr(args, "model", "lj") not in ("mace", "sevenn", "uma", "aimnet2"):
         return None
     g = torch.Generator().manual_seed(args.seed)
     n = int(args.cells)

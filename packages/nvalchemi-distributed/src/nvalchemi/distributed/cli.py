@@ -90,20 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     system.add_argument(
         "--model",
-        choices=("lj", "mace", "sevenn", "uma"),
+        choices=("lj", "mace", "sevenn", "uma", "aimnet2"),
         default="lj",
         help="lj: Lennard-Jones (argon built in, --lj for other elements); mace: a mace-torch "
         "MACE (--model-file, or a built-in small random one on an O/Si box of --cells**3 atoms); "
         "sevenn: a SevenNet (--model-file, or a built-in small random one on the same box; "
         "the nvdd-models[sevenn] extra); uma: a fairchem UMA (--model-file, or a built-in small "
-        "random one on the same box; the nvdd-models[uma] extra)",
+        "random one on the same box; the nvdd-models[uma] extra); aimnet2: an AIMNet2 "
+        "(--model-file, or a built-in small random one on the same box; the "
+        "nvdd-models[aimnet2] extra)",
     )
     system.add_argument(
         "--model-file",
         default=None,
         help="--model mace: a saved mace-torch model (.model); --model sevenn: a SevenNet "
         "checkpoint (.pth); --model uma: a fairchem inference checkpoint (.pt); all unpickled: "
-        "trusted files only",
+        "trusted files only; --model aimnet2: an aimnet v2 model file (.pt, read by aimnet's "
+        "load_model: restricted torch.load)",
     )
     system.add_argument(
         "--task",
