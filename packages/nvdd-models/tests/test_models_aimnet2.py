@@ -224,8 +224,9 @@ def test_the_global_sum_is_exact_on_ranks() -> None:
 @pytest.mark.gloo
 def test_aimnet2_is_exact_under_domain_decomposition() -> None:
     """assert_dd_equivalent at 1e-10 (float64) on 2, 3 and 4 ranks, periodic and
-    open, total charge +1: the model's own spec (receptive field, L = 3, folded),
-    the charge equilibration's sums over owned rows all-reduced."""
+    open, under the halo (total charge +1) and graph partition (-1): the model's
+    own spec (receptive field, L = 3, folded), the charge equilibration's sums over
+    owned rows all-reduced."""
     model = _model()
     report = assert_dd_equivalent(
         model, oxide((4, 3, 3)), ranks=(2, 3, 4), steps=1, systems=("periodic", "open")
@@ -233,6 +234,17 @@ def test_aimnet2_is_exact_under_domain_decomposition() -> None:
     assert report.passed and len(report.cases) == 6
     assert "receptive_field(L=3, fold)" in report.spec
     assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+    assert all(c.errors["forces"] < 1e-10 for c in report.cases)
+    # and under graph partition (ghosts are atoms, not images), total charge -1
+    report = assert_dd_equivalent(
+        model,
+        oxide((4, 3, 3), charge=-1.0),
+        ranks=(2, 3, 4),
+        steps=1,
+        systems=("periodic", "open"),
+        strategy=StrategyKind.GRAPH_PARTITION,
+    )
+    assert report.passed and len(report.cases) == 6
     assert all(c.errors["forces"] < 1e-10 for c in report.cases)
 
 

@@ -84,7 +84,8 @@ def aimnet_module(name: str, feature: str = "AIMNet2Model") -> Any:
 
 
 class _SumOverRanksBoth(torch.autograd.Function):
-    """All-reduce (sum) forward and backward.
+    """All-reduce (sum) forward and backward: **Collective** over ``group`` in both
+    (every rank must run the forward and, later, differentiate through it).
 
     Unlike ``nvdd.shardtensor.sum_over_ranks`` (identity backward, for a total
     each rank differentiates only through its own share) the result here feeds
@@ -151,7 +152,8 @@ def global_system_sum(
 def _equalize(
     model: Any, sums: Callable[[torch.Tensor], torch.Tensor], row_system: torch.Tensor
 ) -> Callable[..., dict[str, torch.Tensor]]:
-    """AIMNet2's ``_update_q`` with its two per-system sums given by ``sums``.
+    """AIMNet2's ``_update_q`` with its two per-system sums given by ``sums``
+    (**Collective** when ``sums`` is: one call of it per charge pass).
 
     The pass's MLP output splits into the charge update, the weights' roots and
     the feature update; the charges become ``q' + f (Q - sum q') / (sum f +
@@ -409,7 +411,9 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
 
     def _sums(self, batch: Batch, rows: int) -> tuple[Callable[..., Any], torch.Tensor]:
         """The equalisation's per-system sum and each padded row's system
-        (``n_systems`` for padding rows)."""
+        (``n_systems`` for padding rows). The sum is :func:`global_system_sum` over
+        the owned rows, **Collective** under a live DD context; over every real row,
+        local, otherwise."""
         n, s = batch.n_atoms, batch.n_systems
         dev = batch.positions.device
         row_system = torch.full((rows,), s, dtype=torch.int64, device=dev)
