@@ -66,17 +66,19 @@ def _batch(box: str) -> Batch:
 
 
 #: (model, box): LJ's Warp half list (the default) on every box, its full list
-#: and its torch backend on the triclinic box, the reference MPNN on every box.
+#: and its torch backend on the triclinic box, the reference MPNN on every box
+#: (and on its device edges on the triclinic box).
 CASES = [
     *(("lj", box) for box in BOXES),
     ("lj-full", "triclinic"),
     ("lj-torch", "triclinic"),
     *(("mpnn", box) for box in BOXES),
+    ("mpnn-device", "triclinic"),
 ]
 
 
 def _model(kind: str) -> Any:
-    from nvdd.models import LennardJones, LJBackend, LJConfig, MPNNConfig, ReferenceMPNN
+    from nvdd.models import LJBackend
 
     if kind.startswith("lj"):
         backend = LJBackend.TORCH if kind == "lj-torch" else LJBackend.AUTO
@@ -89,7 +91,10 @@ def _model(kind: str) -> Any:
             half_list=kind != "lj-full",
         )
         return LennardJones(config)
-    config = MPNNConfig(cutoff=3.6, species=(18,), hidden=8, n_layers=2, seed=7, skin=SKIN)
+    edges = "device" if kind == "mpnn-device" else "auto"
+    config = MPNNConfig(
+        cutoff=3.6, species=(18,), hidden=8, n_layers=2, seed=7, skin=SKIN, neighbors=edges
+    )
     return ReferenceMPNN(config, dtype=torch.float64)
 
 
