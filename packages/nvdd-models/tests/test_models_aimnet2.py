@@ -63,11 +63,13 @@ def _aimnet() -> Any:
     return importorskip_extra("aimnet", reason="needs the nvdd-models[aimnet2] extra")
 
 
-def _model(seed: int = 1) -> Any:
+def _model(seed: int = 1, channels: int = 1) -> Any:
     _aimnet()
     from nvdd.models import AIMNet2Model
 
-    model = AIMNet2Model.from_config(CONFIG, seed=seed, dtype=torch.float64, skin=0.3)
+    config = copy.deepcopy(CONFIG)
+    config["kwargs"]["num_charge_channels"] = channels
+    model = AIMNet2Model.from_config(config, seed=seed, dtype=torch.float64, skin=0.3)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):  # (untrained: zero shifts)
         torch.manual_seed(seed)
         model.aimnet.outputs.atomic_shift.shifts.weight[1:].normal_()
@@ -111,6 +113,7 @@ def _all_pairs(plain: Any, batch: Batch) -> dict[str, torch.Tensor]:
     for i, r in enumerate(rows):
         nbmat[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
     data = {
+        **({"mult": batch.system_extras["mult"].clone()} if "mult" in batch.system_extras else {}),
         "coord": torch.cat([batch.positions, batch.positions.new_full((1, 3), 1e3)]),
         "numbers": torch.cat([batch.atomic_numbers, batch.atomic_numbers.new_zeros(1)]),
         "nbmat": nbmat,
@@ -171,6 +174,47 @@ def test_the_wrapper_is_aimnet_and_a_model_file_round_trips(tmp_path: Path) -> N
     assert float((again["forces"] - got["forces"]).abs().max()) < 1e-12
     with pytest.raises(ConfigurationError, match="no file"):
         AIMNet2Model.from_file(tmp_path / "missing.pt")
+
+
+def test_an_open_shell_model_equals_aimnet_and_is_exact_under_dd() -> None:
+    """Two charge channels (aimnet's NSE): each system's total charge and spin
+    multiplicity (``system_extras["mult"]``) split into the channels as aimnet
+    does; equal to aimnet's own forward on two open systems (energies, forces,
+    charges) and N ranks equal one under graph partition on 2, 3 and 4 ranks."""
+    model = _model(seed=2, channels=2)
+    a = oxide((3, 2, 2), seed=7, charge=1.0)
+    b = oxide((2, 2, 2), seed=8, charge=0.0)
+    b = b.replace(atom_ids=b.atom_ids + 1)
+    batch = Batch.concatenate([a, b]).replace(
+        pbc=torch.zeros(2, 3, dtype=torch.bool),
+        system_extras={
+            "charge": torch.tensor([1.0, 0.0], dtype=torch.float64),
+            "mult": torch.tensor([1.0, 3.0], dtype=torch.float64),
+        },
+    )
+    got = model(batch)
+    plain = copy.deepcopy(model.aimnet)
+    data = _all_pairs(plain, batch)
+    data["coord"] = data["coord"].detach().requires_grad_(True)
+    ref = plain.forward_prepared(data)
+    (grad,) = torch.autograd.grad(ref["energy"].sum(), data["coord"])
+    n = batch.n_atoms
+    assert torch.allclose(got["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
+    assert float((got["forces"] + grad[:n]).abs().max()) < 1e-10
+    assert float((model.charges(batch) - ref["charges"][:n].detach()).abs().max()) < 1e-10
+    singlets = batch.replace(system_extras={**batch.system_extras, "mult": torch.ones(2).double()})
+    assert float((model(singlets)["energy"] - got["energy"]).abs().max()) > 1e-6  # (it reads mult)
+    one = oxide((4, 3, 3), charge=-1.0)
+    one = one.replace(system_extras={**one.system_extras, "mult": torch.tensor([2.0]).double()})
+    report = assert_dd_equivalent(
+        model,
+        one,
+        ranks=(2, 3, 4),
+        steps=1,
+        systems=("periodic",),
+        strategy=StrategyKind.GRAPH_PARTITION,
+    )
+    assert report.passed and all(c.errors["forces"] < 1e-10 for c in report.cases)
 
 
 def test_global_terms_it_cannot_split_are_refused() -> None:

@@ -66,6 +66,9 @@ __all__ = ["AIMNet2Model", "global_system_sum"]
 _EXTRA = "nvdd-models[aimnet2]"
 #: ``batch.system_extras`` key of each system's total charge (units of e).
 TOTAL_CHARGE = "charge"
+#: ``batch.system_extras`` key of each system's spin multiplicity (2S + 1; default 1),
+#: read by open-shell models (two charge channels).
+MULTIPLICITY = "mult"
 #: aimnet's ``ops.nse`` epsilon (added to the sum of the weights).
 _NSE_EPSILON = 1.0e-6
 #: Output modules whose energy is a sum of per-atom terms (see the module docstring).
@@ -168,7 +171,7 @@ def _equalize(
         total = sums(torch.cat([q_u, f_u], dim=-1))
         q_sum, f_sum = torch.split(total, [nq, nq], dim=-1)
         target = data["_nvdd_total_charge"]
-        scale = (target[:, None] - q_sum) / (f_sum + _NSE_EPSILON)
+        scale = (target - q_sum) / (f_sum + _NSE_EPSILON)
         scale = torch.cat([scale, scale.new_zeros(1, nq)])  # (rows never counted)
         data["charges"] = q_u + f_u * scale.index_select(0, row_system)
         data["a"] = data["a"] + delta_a.view_as(data["a"])
@@ -199,7 +202,9 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     Energy, forces and per-atom energies (``atom_energies``) of every system
     of a batch (the equalised atomic charges: :meth:`charges`), with periodic,
     open or mixed boundaries; each system's total charge is
-    ``batch.system_extras["charge"]`` (default 0). Under ``DomainParallel`` it
+    ``batch.system_extras["charge"]`` (default 0) and, for an open-shell model
+    (two charge channels, aimnet's NSE), its spin multiplicity
+    ``batch.system_extras["mult"]`` (default 1). Under ``DomainParallel`` it
     runs on the ``[owned | ghost]`` rows of a receptive-field halo
     (:meth:`distribution_spec`); the charge equilibration's sums are global
     (one all-reduce per charge pass, record 0080).
@@ -208,7 +213,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     ----------
     model:
         An ``aimnet.models.AIMNet2`` (from :meth:`from_file`, :meth:`from_config`
-        or aimnet's own ``load_model``) with one charge channel and outputs
+        or aimnet's own ``load_model``), closed- or open-shell, with outputs
         among ``Output``, ``AtomicShift``, ``AtomicSum``, ``SRCoulomb`` (and
         the non-energy ``Dipole`` / ``Quadrupole``).
     dtype:
@@ -231,8 +236,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     Raises
     ------
     ConfigurationError
-        On an unsupported output module, two charge channels (open-shell NSE)
-        or a bad argument, naming it.
+        On an unsupported output module or a bad argument, naming it.
     """
 
     compile_unsupported = (
@@ -256,11 +260,6 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         if dtype is not None and dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         inner: Any = model
-        if int(inner.num_charge_channels) != 1:
-            raise config_error(
-                "AIMNet2Model: two charge channels (open-shell NSE, num_charge_channels=2) are "
-                "not supported; use a closed-shell model (num_charge_channels=1)"
-            )
         problem = _output_problem(inner)
         if problem is not None:
             raise config_error(problem)
@@ -431,20 +430,35 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
 
         return sums, row_system
 
+    def _targets(self, batch: Batch, dtype: torch.dtype) -> torch.Tensor:
+        """Each system's charge per channel, ``(n_systems, channels)``: its total
+        charge ``Q``, or for two channels ``Q/2 +- (mult - 1)/2`` (aimnet's split)."""
+        values = {}
+        for key, default in ((TOTAL_CHARGE, 0.0), (MULTIPLICITY, 1.0)):
+            v = batch.system_extras.get(key)
+            if v is None:
+                v = torch.full((batch.n_systems,), default, device=batch.device)
+            elif tuple(v.shape) != (batch.n_systems,):
+                raise ValidationError(
+                    f"system_extras[{key!r}] has shape {tuple(v.shape)}, expected "
+                    f"({batch.n_systems},): one value per system"
+                )
+            values[key] = v.to(dtype)
+        total = values[TOTAL_CHARGE]
+        if int(cast(Any, self.aimnet).num_charge_channels) == 1:
+            return total[:, None]
+        half_spin = 0.5 * (values[MULTIPLICITY] - 1.0)
+        return torch.stack([0.5 * total + half_spin, 0.5 * total - half_spin], dim=1)
+
     def _run(self, batch: Batch, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-atom energies and equalised charges of ``batch``'s rows at ``positions``."""
-        total = batch.system_extras.get(TOTAL_CHARGE)
-        if total is None:
-            total = positions.new_zeros(batch.n_systems)
-        elif tuple(total.shape) != (batch.n_systems,):
-            raise ValidationError(
-                f"system_extras[{TOTAL_CHARGE!r}] has shape {tuple(total.shape)}, expected "
-                f"({batch.n_systems},): one total charge per system"
-            )
+        targets = self._targets(batch, positions.dtype)
         inner: Any = self.aimnet
         data = self.inputs(batch, positions)
         sums, row_system = self._sums(batch, int(data["coord"].shape[0]))
-        data["_nvdd_total_charge"] = total.to(positions.dtype)
+        data["_nvdd_total_charge"] = targets
+        if int(inner.num_charge_channels) == 2:  # (aimnet's per-molecule split: unused here)
+            data["mult"] = torch.ones_like(data["charge"])
         inner.__dict__["_update_q"] = _equalize(inner, sums, row_system)
         try:
             out = inner.forward_prepared(data)
