@@ -8,6 +8,7 @@ it these tests skip, or fail where ``NVDD_REQUIRE_EXTRAS=1``.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def oxide(
     )
 
 
-def _all_pairs(plain: Any, batch: Batch) -> dict[str, torch.Tensor]:
+def _all_pairs(plain: Any, batch: Batch, coulomb: bool = False) -> dict[str, torch.Tensor]:
     """aimnet's own nb_mode-1 input for an open ``batch``: every other atom of the
     same system a neighbour (its cutoff function drops the far ones), the last row
     a padding atom, ``mol_idx`` the system: nothing of nvdd's neighbour list or padder."""
@@ -120,6 +121,8 @@ def _all_pairs(plain: Any, batch: Batch) -> dict[str, torch.Tensor]:
         "mol_idx": torch.cat([sys_i, sys_i[-1:]]),
         "charge": batch.system_extras["charge"].clone(),
     }
+    if coulomb:  # (the same matrix: aimnet's DSF applies its own cutoff)
+        data["nbmat_coulomb"] = nbmat
     return nbops.calc_masks(nbops.set_nb_mode(data))  # type: ignore[no-any-return]
 
 
@@ -215,6 +218,62 @@ def test_an_open_shell_model_equals_aimnet_and_is_exact_under_dd() -> None:
         strategy=StrategyKind.GRAPH_PARTITION,
     )
     assert report.passed and all(c.errors["forces"] < 1e-10 for c in report.cases)
+
+
+def test_dsf_coulomb_equals_aimnet_and_is_exact_under_dd() -> None:
+    """aimnet's LRCoulomb with method 'dsf' (a pair sum within dsf_rc of the final
+    charges): energies equal aimnet's own forward (its DSF kernel, on an all-pairs
+    matrix) at 1e-10, forces its finite differences; the halo reaches dsf_rc
+    beyond the charges' receptive field; N ranks equal one on 2, 3 and 4 ranks
+    under graph partition (periodic) and the halo (open)."""
+    _aimnet()
+    from nvdd.models import AIMNet2Model
+
+    config = copy.deepcopy(CONFIG)
+    config["kwargs"]["outputs"]["lrcoulomb"] = {
+        "class": "aimnet.modules.LRCoulomb",
+        "kwargs": {
+            "rc": 2.25,
+            "method": "dsf",
+            "dsf_rc": 3.5,
+            "dsf_alpha": 0.3,
+            "key_in": "charges",
+            "key_out": "energy",
+        },
+    }
+    model = AIMNet2Model.from_config(config, seed=5, dtype=torch.float64, skin=0.3)
+    assert model.coulomb_cutoff == 3.5 and model.extra_reach == pytest.approx(1.0)
+    assert model.distribution_spec().options.extra_ghost_width == pytest.approx(1.0)
+    batch = oxide((3, 2, 2), seed=9, charge=1.0).replace(pbc=torch.zeros(1, 3, dtype=torch.bool))
+    got = model(batch)
+    plain = copy.deepcopy(model.aimnet)
+
+    def energy(positions: torch.Tensor) -> torch.Tensor:
+        data = _all_pairs(plain, batch.replace(positions=positions), coulomb=True)
+        with torch.no_grad():
+            return plain.forward_prepared(data)["energy"]  # type: ignore[no-any-return]
+
+    # aimnet's plain forward: its DSF kernel (positions detached; 2e-8 relative apart
+    # from its own torch form)
+    assert torch.allclose(got["energy"], energy(batch.positions), rtol=1e-7, atol=0)
+    lrc = plain.outputs.lrcoulomb  # aimnet's forward on its differentiable DSF path
+    lrc.__dict__["forward"] = functools.partial(type(lrc).forward, lrc, training_derivatives=True)
+    assert torch.allclose(got["energy"], energy(batch.positions), rtol=0, atol=1e-10)
+    h = 1e-5
+    for atom, axis in ((0, 0), (5, 2), (11, 1)):
+        step = torch.zeros_like(batch.positions)
+        step[atom, axis] = h
+        fd = (energy(batch.positions + step) - energy(batch.positions - step)) / (2 * h)
+        assert abs(float(fd[0]) + float(got["forces"][atom, axis])) < 1e-6, (atom, axis)
+    one = oxide((4, 3, 3))
+    for strategy, systems in (
+        (StrategyKind.GRAPH_PARTITION, "periodic"),
+        (StrategyKind.HALO, "open"),
+    ):
+        report = assert_dd_equivalent(
+            model, one, ranks=(2, 3, 4), steps=1, systems=(systems,), strategy=strategy
+        )
+        assert report.passed and all(c.errors["forces"] < 1e-10 for c in report.cases)
 
 
 def test_global_terms_it_cannot_split_are_refused() -> None:

@@ -25,14 +25,21 @@ The model runs in two parts, both aimnet's own modules:
 - the outputs (``Output``, ``AtomicShift``, ``AtomicSum``, ``SRCoulomb``):
   run with ``mol_idx`` = the row itself, so aimnet's own per-molecule sums are
   per-atom energies (``SRCoulomb``'s pair sum is split half to each atom, its
-  own convention). Modules whose energy is not a sum of such per-atom terms
-  (``LRCoulomb``: all pairs, DSF or Ewald; ``DFTD3`` / ``D3TS``: a system-wide
-  coordination kernel) are refused when the wrapper is built, naming the module.
+  own convention). ``LRCoulomb`` with ``method='dsf'`` (a pair sum of the final
+  charges within ``dsf_rc``, on a second neighbour list ``nbmat_coulomb``) runs
+  on aimnet's own differentiable DSF path (:func:`_dsf_forward`) and is split
+  per atom the same way; the halo then reaches ``dsf_rc`` beyond the charges'
+  receptive field (:attr:`AIMNet2Model.extra_reach`). Modules whose energy is
+  not a sum of such per-atom terms (``LRCoulomb`` ``'simple'``: all pairs;
+  ``'ewald'`` / ``'pme'``: the periodic system; ``DFTD3`` / ``D3TS``: a
+  system-wide coordination kernel) are refused when the wrapper is built,
+  naming the module.
 
 Under ``DomainParallel`` the spec is :func:`nvdd.spec.receptive_field_spec`
 with ``layers = len(mlps)`` and ``fold=True`` (record 0067; the equalisation's
 sums are the only communication, record 0080): owned atoms' energies are
-exact on a halo of ``layers x cutoff + skin``, and the runtime's forces are the
+exact on a halo of ``layers x cutoff + skin`` (+ :attr:`AIMNet2Model.extra_reach`
+with DSF), and the runtime's forces are the
 derivative of their sum, ghost rows folded to their owners.
 
 Two things the wrapper sets itself rather than aimnet's ``prepare_input``:
@@ -74,8 +81,9 @@ _NSE_EPSILON = 1.0e-6
 #: Output modules whose energy is a sum of per-atom terms (see the module docstring).
 _PER_ATOM_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb", "Dipole", "Quadrupole")
 _WHY = {
-    "LRCoulomb": "its Coulomb energy sums over all pairs of a system (or a DSF/Ewald/PME "
-    "sum of the periodic system), not over a neighbourhood",
+    "LRCoulomb": "only method='dsf' (a pair sum within dsf_rc) is supported; 'simple' sums "
+    "over all pairs of a system and 'ewald'/'pme' over the periodic system, not over a "
+    "neighbourhood",
     "DFTD3": "its dispersion runs aimnet's system-wide D3 kernel",
     "D3TS": "its dispersion runs a system-wide kernel",
 }
@@ -180,9 +188,25 @@ def _equalize(
     return update
 
 
+def _dsf_forward(module: Any) -> Callable[..., dict[str, torch.Tensor]]:
+    """``LRCoulomb.forward`` (method ``'dsf'``) on its own differentiable path: its
+    forward with ``training_derivatives=True`` (aimnet's closed-form DSF in torch,
+    which it uses for forces in training and for Hessians), whose energy is
+    differentiable in the positions and the charges; its plain forward calls a
+    kernel that detaches the positions."""
+
+    def forward(data: dict[str, torch.Tensor], **_: Any) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = type(module).forward(module, data, training_derivatives=True)
+        return out
+
+    return forward
+
+
 def _output_problem(model: Any) -> str | None:
     for name, module in model.outputs.named_children():
         kind = type(module).__name__
+        if kind == "LRCoulomb" and module.method == "dsf":
+            continue
         if kind not in _PER_ATOM_OUTPUTS:
             why = _WHY.get(kind, "its energy is not a sum of per-atom terms the wrapper knows")
             return (
@@ -264,6 +288,11 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         if problem is not None:
             raise config_error(problem)
         self.layers = len(inner.mlps)
+        dsf = [m for m in inner.outputs.children() if type(m).__name__ == "LRCoulomb"]
+        if len(dsf) > 1:
+            raise config_error("AIMNet2Model: more than one LRCoulomb output module")
+        #: DSF Coulomb's cutoff (Angstrom), or None without one.
+        self.coulomb_cutoff = float(dsf[0].dsf_rc) if dsf else None
         cutoff = float(inner.aev.rc_s)
         if not cutoff > 0:
             raise config_error(f"AIMNet2Model: the model's cutoff rc_s is {cutoff}")
@@ -272,6 +301,9 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         self.aimnet = model.eval()
         self._cutoff = cutoff
         self.neighbors = VerletList(cutoff, skin)
+        self.coulomb_neighbors = (
+            VerletList(self.coulomb_cutoff, skin) if self.coulomb_cutoff is not None else None
+        )
         self._padder: DenseBatchPadder | None = None
         # the elements of its embedding (index 0 is padding)
         self._n_types = int(inner.afv.num_embeddings)
@@ -342,7 +374,17 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         equilibration's sums are global), and the forces are the derivative of
         their sum, ghost rows' parts folded to their owners (record 0067).
         """
-        return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
+        return receptive_field_spec(
+            layers=self.layers, strategy=strategy, fold=True, extra_ghost_width=self.extra_reach
+        )
+
+    @property
+    def extra_reach(self) -> float:
+        """Angstrom of halo beyond ``layers x cutoff``: a DSF Coulomb term reads the
+        final charges (``layers - 1`` passes deep) within ``dsf_rc``."""
+        if self.coulomb_cutoff is None:
+            return 0.0
+        return max(0.0, self.coulomb_cutoff - self._cutoff)
 
     # ------------------------------------------------------------- physics
     def _check(self, batch: Batch) -> None:
@@ -371,20 +413,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         edges = self.neighbors.for_batch(batch)
         if self.neighbors.rebuilt:
             self._check(batch)
-        n = batch.n_atoms
-        order = torch.argsort(edges.receivers, stable=True)
-        recv = edges.receivers.index_select(0, order)
-        send = edges.senders.index_select(0, order)
-        counts = torch.bincount(recv, minlength=n)
-        k_max = int(counts.max()) if n and recv.numel() else 0
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(recv.shape[0], device=recv.device) - starts.index_select(0, recv)
-        matrix = torch.zeros(n, k_max, dtype=torch.int64, device=recv.device)
-        matrix[recv, slot] = send
-        shift = edges.shift_vectors(batch.cell, batch.system_index)
-        vectors = positions.new_zeros(n, k_max, 3)
-        if shift is not None:
-            vectors = vectors.index_put((recv, slot), shift.index_select(0, order))
+        matrix, counts, vectors = _dense(edges, batch, positions, fill=0)
         graph = DenseBatchGraph(
             neighbors=matrix,
             num_neighbors=counts,
@@ -404,6 +433,15 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             "mol_idx": torch.arange(rows, device=positions.device),
             "charge": positions.new_zeros(rows - 1),
         }
+        if self.coulomb_neighbors is not None:  # DSF's list, padded to the same rows
+            near, _, near_shifts = _dense(
+                self.coulomb_neighbors.for_batch(batch), batch, positions, fill=rows - 1
+            )
+            n, k = near.shape
+            data["nbmat_coulomb"] = torch.cat([near, near.new_full((rows - n, k), rows - 1)]).to(
+                torch.int32
+            )
+            data["shifts_coulomb"] = torch.cat([near_shifts, near_shifts.new_zeros(rows - n, k, 3)])
         nbops = aimnet_module("aimnet.nbops")
         data = nbops.set_nb_mode(data)
         return cast(dict[str, torch.Tensor], nbops.calc_masks(data))
@@ -459,11 +497,16 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         data["_nvdd_total_charge"] = targets
         if int(inner.num_charge_channels) == 2:  # (aimnet's per-molecule split: unused here)
             data["mult"] = torch.ones_like(data["charge"])
+        coulomb = [m for m in inner.outputs.children() if type(m).__name__ == "LRCoulomb"]
         inner.__dict__["_update_q"] = _equalize(inner, sums, row_system)
+        for module in coulomb:
+            module.__dict__["forward"] = _dsf_forward(module)
         try:
             out = inner.forward_prepared(data)
         finally:
             del inner.__dict__["_update_q"]
+            for module in coulomb:
+                del module.__dict__["forward"]
         n = batch.n_atoms
         return out["energy"][:n].to(positions.dtype), out["charges"][:n]
 
@@ -509,6 +552,29 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             "forces": forces.detach(),
             "atom_energies": atom.detach(),
         }
+
+
+def _dense(
+    edges: Any, batch: Batch, positions: torch.Tensor, *, fill: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An edge list as a dense ``(n_atoms, K)`` neighbour matrix (unused slots
+    ``fill``), the rows' neighbour counts and the slots' Cartesian image shifts
+    ``(n_atoms, K, 3)`` (zero in unused slots)."""
+    n = batch.n_atoms
+    order = torch.argsort(edges.receivers, stable=True)
+    recv = edges.receivers.index_select(0, order)
+    send = edges.senders.index_select(0, order)
+    counts = torch.bincount(recv, minlength=n)
+    k_max = int(counts.max()) if n and recv.numel() else 0
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(recv.shape[0], device=recv.device) - starts.index_select(0, recv)
+    matrix = torch.full((n, k_max), fill, dtype=torch.int64, device=recv.device)
+    matrix[recv, slot] = send
+    shift = edges.shift_vectors(batch.cell, batch.system_index)
+    vectors = positions.new_zeros(n, k_max, 3)
+    if shift is not None:
+        vectors = vectors.index_put((recv, slot), shift.index_select(0, order))
+    return matrix, counts, vectors
 
 
 def _plain(config: Mapping[str, Any]) -> Any:
