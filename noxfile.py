@@ -23,9 +23,12 @@ is written twice. Sessions:
 - ``multigpu_system`` the same with the interpreter's own environment: no installs
                   (hosts that reach no package index; ``tools/multigpu`` without nox)
 
-Torch: by default (``NVDD_TORCH=cpu``) the CPU build ``torch==2.13.0`` is installed
-once into ``.nox/_shared`` and shared by every session through a ``.pth`` file, and
-every install is constrained to it, so no session downloads a CUDA build. On a
+Installs use uv (``noxw`` bootstraps a pinned one; nox falls back to pip without it).
+Torch: by default (``NVDD_TORCH=cpu``) the CPU build ``torch==2.13.0`` is fetched by
+pip once into ``.nox/_shared/wheels`` (pip finds the machine's own wheel, uv does
+not) and every session installs that one file, pinned to its exact version
+(``2.13.0+cpu``), so no session downloads a CUDA build. Without uv, pip installs it
+once into ``.nox/_shared``, shared by every session through a ``.pth`` file. On a
 machine whose Python already has the torch you want (a CUDA build, say), set
 ``NVDD_TORCH=system``: sessions then see the system site-packages and are
 constrained to that torch version instead.
@@ -43,7 +46,6 @@ from pathlib import Path
 import nox
 
 nox.needs_version = ">=2024.4.15"
-nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["ci"]
 
@@ -54,6 +56,11 @@ TORCH_MODE = os.environ.get("NVDD_TORCH", "cpu")
 if TORCH_MODE not in ("cpu", "system"):
     raise SystemExit(f"NVDD_TORCH must be 'cpu' or 'system', got {TORCH_MODE!r}")
 VENV_PARAMS = ["--system-site-packages"] if TORCH_MODE == "system" else []
+# uv installs (resolution, downloads, links) in seconds where pip takes minutes; nox
+# falls back to venv + pip where no uv is found (noxw's bootstrap installs a pinned one).
+# With NVDD_TORCH=system the sessions see the system torch, which only pip's
+# resolver takes into account: pip then.
+nox.options.default_venv_backend = "uv|venv" if TORCH_MODE == "cpu" else "venv"
 SHARED = ROOT / ".nox" / "_shared"
 PY_TAG = f"py{sys.version_info.major}{sys.version_info.minor}"
 WARP_CACHE = SHARED / "warp-cache"
@@ -120,8 +127,38 @@ def _closure(
     return siblings, third
 
 
-def _torch(session: nox.Session, mode: str) -> Path:
-    """Make torch importable in the session; return the constraints file."""
+def _torch_wheel() -> Path:
+    """The CPU torch wheel, fetched once into ``.nox/_shared/wheels`` by pip, which
+    finds it where uv does not (a machine's own wheel folder, or the pip config's)."""
+    wheels = SHARED / "wheels"
+    version = CPU_TORCH.split("==")[1]
+
+    def found() -> list[Path]:
+        return [
+            w for w in wheels.glob("torch-*.whl") if w.name.split("-")[1].split("+")[0] == version
+        ]
+
+    if not found():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "-d",
+                str(wheels),
+                CPU_TORCH,
+            ],
+            check=True,
+        )
+    return found()[0]
+
+
+def _torch(session: nox.Session, mode: str) -> tuple[Path, tuple[str, ...]]:
+    """Make torch installable or importable in the session: (constraints file,
+    extra installer options)."""
     SHARED.mkdir(parents=True, exist_ok=True)
     constraints = SHARED / f"constraints-{mode}.txt"
     site = session.run(
@@ -131,11 +168,18 @@ def _torch(session: nox.Session, mode: str) -> Path:
         silent=True,
     )
     assert isinstance(site, str)
+    if mode == "cpu" and session.venv_backend == "uv":
+        # uv installs torch from that one wheel file into the session, pinned to its
+        # exact version (2.13.0+cpu): never a download, never a CUDA build.
+        wheel = _torch_wheel()
+        Path(site.strip(), "_nvdd_shared_torch.pth").unlink(missing_ok=True)
+        constraints.write_text(f"torch=={wheel.name.split('-')[1]}\n")
+        return constraints, ("--find-links", str(wheel.parent))
     if mode == "system":
         version = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True)
         assert isinstance(version, str)
         constraints.write_text(f"torch=={version.strip()}\n")
-        return constraints
+        return constraints, ()
     target = SHARED / f"torch-{CPU_TORCH.split('==')[1]}-{PY_TAG}"
     if not (target / "torch" / "__init__.py").is_file():
         session.log(f"installing {CPU_TORCH} (CPU) once into {target}")
@@ -145,7 +189,7 @@ def _torch(session: nox.Session, mode: str) -> Path:
         )
     Path(site.strip(), "_nvdd_shared_torch.pth").write_text(f"{target}\n")
     constraints.write_text(f"{CPU_TORCH}\n")
-    return constraints
+    return constraints, ()
 
 
 def _install(
@@ -158,9 +202,9 @@ def _install(
     torch_mode: str = TORCH_MODE,
 ) -> None:
     """Install exactly the sibling closure of ``names`` plus third-party needs."""
-    constraints = _torch(session, torch_mode)
+    constraints, options = _torch(session, torch_mode)
     siblings, third = _closure(names, extras=extras, groups=groups)
-    session.install("-c", str(constraints), *TOOLS, *third, *more)
+    session.install("-c", str(constraints), *options, *TOOLS, *third, *more)
     paths = [str(PACKAGES[s]["path"]) for s in siblings]
     session.install(
         "-c", str(constraints), "--no-deps", "--no-build-isolation", "--force-reinstall", *paths
@@ -266,18 +310,22 @@ def integration(session: nox.Session) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def checks(session: nox.Session) -> None:
-    """mypy --strict of every package (one run), every package's tests, then the
-    integration suite, all in ONE environment holding every package with its extras
-    and test group: what `ci` runs. One install and one mypy cache instead of one
-    per package; an import of an undeclared sibling or extra is caught by the
-    ``deps`` session's import scan (and by ``check(<package>)``, which installs a
-    package's closure alone). Arguments go to every pytest run."""
+    """mypy --strict of every package (one run), then every package's tests and the
+    integration suite in ONE pytest run, all in ONE environment holding every
+    package with its extras and test group: what `ci` runs. One install, one mypy
+    cache and one test process instead of one per package; an import of an
+    undeclared sibling or extra is caught by the ``deps`` session's import scan (and
+    by ``check(<package>)``, which installs a package's closure alone). Arguments go
+    to the pytest run."""
     _install(session, TESTED, extras=True, more=("mypy==2.4.1",))
     _run_mypy_all(session, TESTED)
-    for name in TESTED:
-        _run_tests(session, name, session.posargs)
+    # one pytest process over every package's tests, then the integration suite (in
+    # that order): torch, Warp's kernels, the rank forkserver and the pooled rank
+    # worlds are loaded once instead of once per package
+    dirs = [str(PACKAGES[n]["path"] / "tests") for n in TESTED]  # type: ignore[operator]
     if any((ROOT / "integration_tests").glob("test_*.py")):
-        session.run("pytest", "-q", "integration_tests", *session.posargs)
+        dirs.append("integration_tests")
+    session.run("pytest", "-q", *dirs, *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -366,7 +414,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_shardtensor.py", *quick)
 
 
-@nox.session(venv_params=["--system-site-packages"], default=False)
+@nox.session(venv_params=["--system-site-packages"], venv_backend="venv", default=False)
 def multigpu(session: nox.Session) -> None:
     """The integration suite over NCCL on every visible GPU (>= 2), one process per
     GPU, launched with torchrun. Fails, not skips, with fewer than 2 GPUs.

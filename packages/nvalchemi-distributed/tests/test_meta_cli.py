@@ -1,7 +1,15 @@
-"""`nvdd run`, the main job, end to end on 2 CPU ranks (a tiny argon box)."""
+"""`nvdd run`, the main job, end to end on 2 CPU ranks (a tiny argon box).
+
+The first test launches ``nvdd run`` as a user does (the CLI, torchrun, two new
+rank processes); the others run what each rank of that job runs
+(:func:`~nvalchemi.distributed._demo.run_rank` on the arguments the CLI checked)
+in ``run_ranks``' pooled ranks and read rank 0's printout: the same run and the
+same checks without three new Python processes per test."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import re
@@ -11,8 +19,36 @@ from pathlib import Path
 
 import pytest
 
+from nvalchemi.distributed._checks import validate
+from nvalchemi.distributed._demo import run_rank
 from nvalchemi.distributed.cli import build_parser
-from nvdd.testing import importorskip_extra
+from nvdd.testing import importorskip_extra, run_ranks
+
+
+def _rank(argv: list[str]) -> tuple[int, str]:
+    """Rank function: one rank of ``nvdd run`` (the group run_ranks made is
+    reused); its exit status and what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = run_rank(build_parser().parse_args(argv))
+    return status, printed.getvalue()
+
+
+class _Done:
+    """What a job run by :func:`_job` left: rank 0's printout (``stdout``)."""
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+
+
+def _job(*args: str) -> _Done:
+    """``nvdd run ARGS`` on 2 pooled ranks, after the CLI's checks of ARGS."""
+    argv = ["run", *args]
+    assert validate(build_parser().parse_args(argv)) == []
+    ranks = run_ranks(_rank, 2, argv, timeout_s=600)
+    assert [status for status, _ in ranks] == [0, 0], ranks[0][1][-3000:]
+    assert ranks[1][1] == "", ranks[1][1]  # only rank 0 prints
+    return _Done(ranks[0][1])
 
 
 @pytest.mark.gloo
@@ -63,20 +99,11 @@ def test_nvdd_run_npt_two_ranks_follow_the_one_rank_trajectory(tmp_path: Path) -
     """--ensemble npt: the whole trajectory (cell included) against one rank, the
     NPT columns in thermo.csv and per-atom energies in the extxyz frames."""
     out = tmp_path / "npt"
-    args = ["run", "--nproc", "2", "--cells", "3", "--cutoff", "6.0", "--skin", "0.5"]
+    args = ["--nproc", "2", "--cells", "3", "--cutoff", "6.0", "--skin", "0.5"]
     args += ["--ensemble", "npt", "--pressure", "2000", "--tau-p", "200", "--tau-t", "50"]
     args += ["--cell-dof", "full", "--nvt-steps", "12", "--nve-steps", "4"]
     args += ["--thermo-every", "4", "--traj-every", "4", "--compare", "trajectory"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    res = subprocess.run(
-        [sys.executable, "-m", "nvalchemi.distributed.cli", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    text = res.stdout
+    text = _job(*args, "--out", str(out)).stdout
     assert "108 atoms on 2 cpu rank(s) (gloo); npt 12 + NVE 4" in text
     assert re.findall(r"^\s*(NPT|NVE)\s+(\d+)\s", text, flags=re.M) == [
         ("NPT", "0"),
@@ -103,13 +130,10 @@ def test_nvdd_run_with_a_run_file_runs_a_composed_model(tmp_path: Path) -> None:
         'species = { 11 = [0.05, 2.35], 17 = [0.05, 4.0] }\npairs = { "11-17" = [0.6, 2.45] }\n'
         '[[model]]\nkind = "ewald"\ncutoff = 4.5\naccuracy = 1e-5\n'
     )
-    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", "--nproc", "2"]
-    cmd += ["--run-file", str(run_file), "--nvt-steps", "3", "--nve-steps", "3", "--dt", "1.0"]
-    cmd += ["--thermo-every", "3", "--traj-every", "0", "--temperature", "100"]
-    cmd += ["--out", str(tmp_path / "run")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    args = ["--nproc", "2"]
+    args += ["--run-file", str(run_file), "--nvt-steps", "3", "--nve-steps", "3", "--dt", "1.0"]
+    args += ["--thermo-every", "3", "--traj-every", "0", "--temperature", "100"]
+    res = _job(*args, "--out", str(tmp_path / "run"))
     assert "64 atoms on 2 cpu rank(s) (gloo)" in res.stdout
     m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 64 atoms", res.stdout)
     assert m is not None, res.stdout
@@ -122,18 +146,12 @@ def test_parser_defaults_describe_the_main_job() -> None:
     assert 4 * args.cells**3 == 32000
 
 
-def _nvdd_run(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "nvalchemi.distributed.cli", "run", *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-
-
 _MACE_RUN = ("--nproc", "2", "--nvt-steps", "2", "--nve-steps", "2", "--thermo-every", "2")
 
 
 def test_the_built_in_mace_and_its_box() -> None:
     """``--model mace`` without a file: a random MACE on an O/Si box of cells**3 atoms
-    (the subprocess run below covers the DD path with a model file)."""
+    (the 2-rank run below covers the DD path with a model file)."""
     importorskip_extra("mace")
     import torch
 
@@ -168,7 +186,7 @@ def test_nvdd_run_with_a_mace_model_file_and_a_structure(tmp_path: Path) -> None
     atoms = ase.Atoms(numbers=numbers, positions=positions.numpy(), cell=[12.5] * 3, pbc=True)
     ase.io.write(tmp_path / "oxide.xyz", atoms, format="extxyz")
     out = tmp_path / "run"
-    res = _nvdd_run(
+    res = _job(
         "--model",
         "mace",
         "--model-file",
@@ -181,7 +199,6 @@ def test_nvdd_run_with_a_mace_model_file_and_a_structure(tmp_path: Path) -> None
         str(out),
         *_MACE_RUN,
     )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 125 atoms", res.stdout)
     assert m is not None and float(m.group(1)) < 1e-10, res.stdout
     assert (out / "thermo.csv").is_file()
@@ -205,11 +222,10 @@ def test_nvdd_run_with_the_built_in_mace_on_two_ranks(tmp_path: Path) -> None:
     box of ``--cells**3`` atoms, 2 ranks against 1 by atom id."""
     importorskip_extra("mace")
     out = tmp_path / "mace"
-    res = _nvdd_run(
+    res = _job(
         "--model", "mace", "--cells", "3", "--skin", "0.5", "--traj-every", "0",
         "--out", str(out), *_MACE_RUN,
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "27 atoms on 2 cpu rank(s) (gloo); langevin 2 + NVE 2" in res.stdout
     m = re.search(r"max \|dF\| = (\S+) eV/A, \|dE\| = (\S+) eV over 27 atoms", res.stdout)
     assert m is not None, res.stdout
@@ -227,13 +243,12 @@ def test_nvdd_run_nose_hoover_two_ranks_follow_the_one_rank_trajectory(tmp_path:
     """``--ensemble nvt-nh``: a Nose-Hoover chain NVT phase (its extended energy in
     thermo.csv), then NVE; the whole trajectory against one rank."""
     out = tmp_path / "nh"
-    res = _nvdd_run(
+    res = _job(
         "--nproc", "2", "--cells", "3", "--cutoff", "6.0", "--skin", "0.5",
         "--ensemble", "nvt-nh", "--tau-t", "50", "--nvt-steps", "4", "--nve-steps", "2",
         "--thermo-every", "2", "--traj-every", "0", "--compare", "trajectory",
         "--out", str(out),
     )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "108 atoms on 2 cpu rank(s) (gloo); nvt-nh 4 + NVE 2" in res.stdout
     m = re.search(r"max \|dx\| = (\S+) A", res.stdout)
     assert m is not None and float(m.group(1)) < 1e-8, res.stdout
