@@ -133,9 +133,12 @@ def _torch_wheel() -> Path:
     wheels = SHARED / "wheels"
     version = CPU_TORCH.split("==")[1]
 
-    def found() -> list[Path]:
+    def found() -> list[Path]:  # this version, for this Python (cp311: py311's)
         return [
-            w for w in wheels.glob("torch-*.whl") if w.name.split("-")[1].split("+")[0] == version
+            w
+            for w in wheels.glob("torch-*.whl")
+            if w.name.split("-")[1].split("+")[0] == version
+            and w.name.split("-")[2] == PY_TAG.replace("py", "cp")
         ]
 
     if not found():
