@@ -16,7 +16,7 @@ import torch
 
 from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, ValidationError
 from nvdd.spec import StrategyKind
-from nvdd.testing import assert_dd_equivalent, importorskip_extra
+from nvdd.testing import assert_dd_equivalent, importorskip_extra, run_ranks
 
 #: A tiny UMA backbone: 8 channels, lmax 1, cutoff 2.6 A, one task.
 BACKBONE: dict[str, Any] = {
@@ -160,6 +160,64 @@ def test_uma_is_exact_under_domain_decomposition() -> None:
     assert "receptive_field(L=2, fold)" in report.spec
     assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
     assert all(c.errors["forces"] < 1e-10 for c in report.cases)
+
+
+def _merged_run(run_seed: int) -> dict[str, Any]:
+    """Rank function: a mixture UMA merged for ``oxide((4, 4, 4), seed=0)``
+    (O:Si ~ 2:1) in two VelocityVerlet steps under DomainParallel of
+    ``oxide((4, 4, 4), seed=run_seed)``; per step, the all-reduces of an
+    ``(n_systems, 128)`` tensor (the composition check's) counted."""
+    from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
+    from nvdd.models import UMAModel
+
+    kw: dict[str, Any] = {"task": "omol", "charge": 1, "spin": 2, "dtype": torch.float64}
+    hydra = UMAModel.from_config(MOE, MOE_HEADS, seed=4, **kw).hydra
+    model = UMAModel(hydra, merge_for=oxide((4, 4, 4)), skin=0.3, **kw)
+    dyn = VelocityVerlet(model, oxide((4, 4, 4), seed=run_seed), dt_fs=0.5)
+    reduces: list[int] = []
+    original = torch.distributed.all_reduce
+
+    def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduces[-1] += int(tensor.shape[-1:] == (128,))
+        return original(tensor, *args, **kwargs)
+
+    try:
+        with DomainParallel(dyn, DomainConfig(cutoff=model.cutoff, skin=0.3)) as dp:
+            dp.partition()
+            torch.distributed.all_reduce = counted  # type: ignore[assignment]
+            try:
+                for _ in range(2):
+                    reduces.append(0)
+                    dp.run(1)
+            finally:
+                torch.distributed.all_reduce = original
+            energy = dp.totals(("energy",))["energy"]
+    except ValidationError as exc:
+        return {"error": str(exc), "reduces": reduces}
+    return {"energy": float(energy[0]), "reduces": reduces}
+
+
+@pytest.mark.gloo
+def test_a_merged_mixture_refuses_another_composition_under_dd_on_every_rank() -> None:
+    """A mixture UMA merged for one composition (O:Si ~ 2:1) under DomainParallel
+    on 2 ranks: on a system of another composition every rank raises the same
+    error naming both compositions (counted over all ranks); on the same one it
+    runs, and only the first step pays the check's all-reduce."""
+    _fairchem()
+    compositions = [oxide((4, 4, 4), seed=s).atomic_numbers.bincount(minlength=15) for s in (0, 1)]
+    assert not torch.equal(compositions[0], compositions[1])
+    other = run_ranks(_merged_run, 2, 1, timeout_s=120)
+    n8, n14 = (int(compositions[1][z]) for z in (8, 14))
+    for got in other:
+        assert "merged (merge_for=) for the composition Z8:0.6" in got["error"]
+        assert (
+            f"system 0 of this decomposed run is Z8:{n8} Z14:{n14} (over all ranks)"
+            in (got["error"])
+        )
+    assert other[0]["error"] == other[1]["error"]
+    same = run_ranks(_merged_run, 2, 0, timeout_s=120)
+    assert same[0]["energy"] == same[1]["energy"] and abs(same[0]["energy"]) > 0
+    assert [g["reduces"] for g in same] == [[1, 0]] * 2  # the check: once, not per step
 
 
 def test_without_fairchem_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,7 +29,10 @@ computed on the rank's rows: the mixture-of-linear-experts routing (it reads
 the whole system's composition) unless the backbone was merged with fairchem's
 ``merge_MOLE_model`` for the system's composition (``merge_for=``), and the
 charge or spin balanced channels (a sum over every atom of a system). The
-charge, spin and task embedding is per system, the same on every rank.
+charge, spin and task embedding is per system, the same on every rank. A merged
+model checks the run's composition once per distributed scope, on its first
+forward there: one all-reduce of the owned atoms' element counts, the same
+verdict on every rank (record 0078).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 
 from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import current_dd_context
+from nvdd.shardtensor import DDContext, current_dd_context
 from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
 
 __all__ = ["UMAModel"]
@@ -154,8 +158,11 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         whole. A merged model is exact for systems of the same reduced
         composition (every system of ``merge_for`` must have it): on one
         process a batch of another composition is refused; under DD, where a
-        rank holds part of the system, it is not checked (MD keeps the
-        composition). Without it a mixture backbone runs on one process only.
+        rank holds part of the system, the first forward of each distributed
+        scope checks the whole system's composition collectively
+        (:meth:`check_composition`) and every rank raises the same error on a
+        mismatch (MD keeps the composition: later steps are not checked).
+        Without it a mixture backbone runs on one process only.
     head:
         The energy head's name (when the model has several).
     energy_scale, element_references:
@@ -258,6 +265,9 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         self.register_buffer("element_references", refs.to(param.device, param.dtype))
         self._nonlocal = _nonlocal_parts(backbone)
         self.neighbors = VerletList(self._cutoff, skin)
+        # a merged model checks the whole system's composition on its first forward
+        # under DD (armed here and by distributed_setup; one all-reduce, then off)
+        self._composition_pending = self.merged_composition is not None
 
     # ------------------------------------------------------------- building
     def _merge(self, backbone: Any, whole: Batch) -> Any:
@@ -395,6 +405,58 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             raise config_error(f"UMAModel cannot run under domain decomposition: {self._nonlocal}")
         return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
 
+    def distributed_setup(self, ctx: Any) -> None:
+        """Arm the composition check of a merged model: the first forward of the
+        scope runs :meth:`check_composition` (every rank makes that call)."""
+        super().distributed_setup(ctx)
+        self._composition_pending = self.merged_composition is not None
+
+    def check_composition(self, batch: Batch, ctx: DDContext) -> None:
+        """Refuse a decomposed run whose systems' composition is not the one the
+        mixture-of-experts backbone was merged for.
+
+        **Collective** over ``ctx.group``: one all-reduce of the per-system element
+        counts of this rank's owned rows (the first ``ctx.n_owned`` of ``batch``),
+        so every rank sees the whole systems' compositions and reaches the same
+        verdict. Called by :meth:`forward` on its first call under a DD context
+        after construction or :meth:`distributed_setup` (never on a steady step).
+
+        Raises
+        ------
+        ValidationError
+            On every rank together, naming the merged composition and the run's.
+        """
+        merged = self.merged_composition
+        if merged is None or ctx.layout is None:
+            return
+        n_owned = int(ctx.layout.n_owned)
+        n_sys = max(int(ctx.n_systems), batch.n_systems)
+        z = batch.atomic_numbers[:n_owned]
+        counts = torch.zeros(n_sys, 128, dtype=torch.float64, device=z.device)
+        counts.index_put_(
+            (batch.system_index[:n_owned], z),
+            torch.ones(n_owned, dtype=torch.float64, device=z.device),
+            accumulate=True,
+        )
+        dist.all_reduce(counts, group=ctx.group)
+        counts = counts.cpu()
+        present = counts.sum(dim=1) > 0
+        reduced = counts[present] / counts[present].sum(dim=1, keepdim=True)
+        if torch.allclose(reduced, merged.expand_as(reduced), rtol=1e-12, atol=0.0):
+            return
+        bad = next(
+            k
+            for k in range(n_sys)
+            if bool(present[k])
+            and not torch.allclose(counts[k] / counts[k].sum(), merged, rtol=1e-12, atol=0.0)
+        )
+        raise ValidationError(
+            "UMAModel: the mixture-of-experts backbone was merged (merge_for=) for the "
+            f"composition {_formula(merged)}, but system {bad} of this decomposed run is "
+            f"{_formula(counts[bad])} (over all ranks); merging is exact for one "
+            "composition only: merge it for this system"
+        )
+
     # ------------------------------------------------------------- physics
     def _check(self, batch: Batch) -> None:
         if batch.dtype != self.dtype:
@@ -459,7 +521,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             On a dtype mismatch, an atomic number outside the model's range, a
             whole batch (outside DD) of another composition than the one a
             mixture-of-experts backbone was merged for (checked when the
-            neighbour list is rebuilt), or fairchem's own graph parallelism
+            neighbour list is rebuilt; under DD by :meth:`check_composition`,
+            on every rank), or fairchem's own graph parallelism
             initialised in this process.
         """
         gp = fairchem_module("fairchem.core.common.gp_utils")
@@ -468,6 +531,11 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
                 "UMAModel: fairchem's graph parallelism is initialised in this process; "
                 "nvdd decomposes the system itself (tear fairchem's down first)"
             )
+        if self._composition_pending:
+            ctx = current_dd_context()
+            if ctx.layout is not None:
+                self._composition_pending = False
+                self.check_composition(batch, ctx)
         given = batch.positions.requires_grad
         positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
         with torch.enable_grad():
@@ -503,6 +571,15 @@ def _reduced_compositions(batch: Batch) -> torch.Tensor:
         accumulate=True,
     )
     return counts / counts.sum(dim=1, keepdim=True)
+
+
+def _formula(composition: torch.Tensor) -> str:
+    """A composition (counts or fractions by atomic number, shape ``(128,)``) as
+    ``Z8:2 Z14:1`` (counts) or ``Z8:0.6667 Z14:0.3333`` (fractions)."""
+    values = composition.tolist()
+    whole = all(float(v).is_integer() for v in values)
+    parts = [f"Z{z}:{int(v)}" if whole else f"Z{z}:{v:.4g}" for z, v in enumerate(values) if v > 0]
+    return " ".join(parts) or "(no atoms)"
 
 
 def _nonlocal_parts(backbone: Any) -> str | None:
