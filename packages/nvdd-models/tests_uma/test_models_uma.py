@@ -52,12 +52,14 @@ def _fairchem() -> Any:
     return importorskip_extra("fairchem.core", reason="needs the nvdd-models[uma] extra")
 
 
-def _model(seed: int = 1, **backbone: Any) -> Any:
+def _model(seed: int = 1, halo: str = "receptive", **backbone: Any) -> Any:
     _fairchem()
     from nvdd.models import UMAModel
 
     config = {**BACKBONE, **backbone}
-    return UMAModel.from_config(config, seed=seed, task="omat", dtype=torch.float64, skin=0.3)
+    return UMAModel.from_config(
+        config, seed=seed, task="omat", dtype=torch.float64, skin=0.3, halo=halo
+    )
 
 
 def oxide(n: tuple[int, int, int], spacing: float = 2.2, seed: int = 0) -> Batch:
@@ -158,6 +160,28 @@ def test_uma_is_exact_under_domain_decomposition() -> None:
     )
     assert report.passed and len(report.cases) == 6
     assert "receptive_field(L=2, fold)" in report.spec
+    assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
+    assert all(c.errors["forces"] < 1e-10 for c in report.cases)
+
+
+@pytest.mark.gloo
+def test_uma_refreshing_ghost_rows_per_block_is_exact_under_dd() -> None:
+    """halo="refresh" (SPEC_UMA_HALO: one cutoff of halo, edges for owned
+    receivers, ghost rows refreshed after the edge-degree embedding and every
+    block but the last, energy over owned rows): assert_dd_equivalent at 1e-10
+    (float64) on 2, 3 and 4 ranks, periodic and open, with two blocks (two
+    refreshes). On one process it is the default model."""
+    model = _model(halo="refresh", num_layers=2)
+    assert model.distribution_spec().name == "SPEC_UMA_HALO"
+    batch = oxide((4, 4, 4))
+    plain = _model(num_layers=2)(batch)
+    got = model(batch)
+    assert float((got["forces"] - plain["forces"]).abs().max()) < 1e-12
+    report = assert_dd_equivalent(
+        model, batch, ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
+    )
+    assert report.passed and len(report.cases) == 6
+    assert "SPEC_UMA_HALO" in report.spec
     assert all(c.errors["cross_rank_pairs"] > 0 for c in report.cases)
     assert all(c.errors["forces"] < 1e-10 for c in report.cases)
 

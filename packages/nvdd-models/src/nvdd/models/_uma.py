@@ -22,7 +22,11 @@ references); the forces are their derivative. The model runs unmodified under
 :func:`nvdd.spec.receptive_field_spec` with ``fold=True``: the edge-degree
 embedding is one message-passing step before the ``num_layers`` blocks, so an
 atom's energy depends on the atoms within ``(num_layers + 1) x cutoff``
-(record 0078).
+(record 0078). With ``halo="refresh"`` it runs under ``SPEC_UMA_HALO`` instead:
+a halo of one cutoff (plus skin), edges for owned receivers only, and forward
+hooks on the edge-degree embedding and on every block but the last that
+replace the ghost rows of the node features they return by their owners'
+(``refresh_neighbors``); the energy sums the owned rows.
 
 What is not local to an atom's neighbourhood is refused under DD, never
 computed on the rank's rows: the mixture-of-linear-experts routing (it reads
@@ -48,9 +52,17 @@ import torch.distributed as dist
 
 from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
 from nvdd.models._checks import check_positive, config_error
+from nvdd.models._dd import energy_scope, halo_spec
+from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._verlet import VerletList
-from nvdd.shardtensor import DDContext, current_dd_context
-from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
+from nvdd.shardtensor import DDContext, current_dd_context, refresh_neighbors
+from nvdd.spec import (
+    SPEC_UMA_HALO,
+    BaseModelMixin,
+    MLIPSpec,
+    StrategyKind,
+    receptive_field_spec,
+)
 
 __all__ = ["UMAModel"]
 
@@ -59,6 +71,9 @@ _HYDRA = "fairchem.core.models.base.HydraModel"
 _BACKBONE = "fairchem.core.models.uma.escn_md.eSCNMDBackbone"
 _MOE_BACKBONE = "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone"
 _EFS_HEAD = "fairchem.core.models.uma.escn_md.MLP_EFS_Head"
+#: The ``halo=`` choices: the receptive-field halo (unmodified model) or
+#: ``SPEC_UMA_HALO`` (one cutoff of halo, ghost rows refreshed per block).
+_HALOS = ("receptive", "refresh")
 
 
 def fairchem_module(name: str, feature: str = "UMAModel") -> Any:
@@ -132,8 +147,9 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
     Energy, forces and per-atom energies (``atom_energies``) of every system of a
     batch, with periodic, open or mixed boundaries, for one task (``omat``,
     ``omol``, ...), charge and spin. Under ``DomainParallel`` it runs unmodified
-    on the ``[owned | ghost]`` rows of a receptive-field halo
-    (:meth:`distribution_spec`).
+    on the ``[owned | ghost]`` rows of a receptive-field halo, or with
+    ``halo="refresh"`` on a halo of one cutoff with the ghost rows refreshed
+    per block (:meth:`distribution_spec`).
 
     Parameters
     ----------
@@ -175,6 +191,14 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         Move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
+    halo:
+        ``"receptive"`` (default): the receptive-field spec, a halo of
+        ``layers x cutoff``, the model unmodified. ``"refresh"``:
+        ``SPEC_UMA_HALO``, a halo of one cutoff (the ghost rows' node features
+        refreshed from their owners after the edge-degree embedding and every
+        block but the last: ``layers - 1`` exchanges per forward, and as many
+        in the backward; the energy all-reduced). Both are exact; on one
+        process they are the same model.
 
     Attributes
     ----------
@@ -215,6 +239,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         skin: float = 0.0,
+        halo: str = "receptive",
     ) -> None:
         super().__init__()
         hydra_cls = _class(_HYDRA)
@@ -229,6 +254,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
                 "backbone (eSCNMDBackbone or eSCNMDMoeBackbone)"
             )
         check_positive("skin", skin, allow_zero=True)
+        if halo not in _HALOS:
+            raise config_error(f"UMAModel: halo= must be one of {_HALOS}, got {halo!r}")
         check_positive("energy_scale", energy_scale)
         if dtype is not None and dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
@@ -265,6 +292,11 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         self.register_buffer("element_references", refs.to(param.device, param.dtype))
         self._nonlocal = _nonlocal_parts(backbone)
         self.neighbors = VerletList(self._cutoff, skin)
+        self.halo = halo
+        if halo == "refresh":  # ghost rows made current after each step that reads them
+            backbone.edge_degree_embedding.register_forward_hook(_refresh_ghost_rows)
+            for block in list(backbone.blocks)[:-1]:  # (the last block's ghost rows: unread)
+                block.register_forward_hook(_refresh_ghost_rows)
         # a merged model checks the whole system's composition on its first forward
         # under DD (armed here and by distributed_setup; one all-reduce, then off)
         self._composition_pending = self.merged_composition is not None
@@ -379,20 +411,26 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         return cast(Any, self.hydra).backbone
 
     def extra_repr(self) -> str:
-        """The module repr's summary: cutoff, layers, task, charge, spin and skin."""
+        """The module repr's summary: cutoff, layers, task, charge, spin, skin and halo."""
         return (
             f"cutoff={self._cutoff}, layers={self.layers}, task={self.task!r}, "
-            f"charge={self.charge}, spin={self.spin}, skin={self.neighbors.skin}"
+            f"charge={self.charge}, spin={self.spin}, skin={self.neighbors.skin}, "
+            f"halo={self.halo!r}"
         )
 
     # ---------------------------------------------------------------- spec
     def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``.
+        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``,
+        or with ``halo="refresh"`` ``SPEC_UMA_HALO`` (``StrategyKind.HALO`` only).
 
-        The model runs unmodified on ``[owned | ghost]`` rows of a halo of
-        ``layers x cutoff + skin``; owned atoms' energies are exact there and
-        the forces are the derivative of their sum, ghost rows' parts folded to
-        their owners (record 0067).
+        The receptive field: the model runs unmodified on ``[owned | ghost]``
+        rows of a halo of ``layers x cutoff + skin``; owned atoms' energies are
+        exact there and the forces are the derivative of their sum, ghost rows'
+        parts folded to their owners (record 0067). ``SPEC_UMA_HALO``: a halo of
+        one cutoff (plus skin), edges for owned receivers only, the ghost rows'
+        node features refreshed from their owners after the edge-degree
+        embedding and after every block but the last, the energy summed over
+        owned rows (all-reduced: replicated).
 
         Raises
         ------
@@ -403,6 +441,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         """
         if self._nonlocal is not None:
             raise config_error(f"UMAModel cannot run under domain decomposition: {self._nonlocal}")
+        if self.halo == "refresh":
+            return halo_spec(self, strategy, SPEC_UMA_HALO)
         return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
 
     def distributed_setup(self, ctx: Any) -> None:
@@ -482,7 +522,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
     def graph(self, batch: Batch, positions: torch.Tensor) -> dict[str, Any]:
         """The backbone's input dict for ``batch`` at ``positions`` (differentiable
         in them): nvdd's edges, grouped by system as fairchem expects."""
-        edges = self.neighbors.for_batch(batch)
+        n_receivers = self._refreshed_rows()
+        edges = self.neighbors.for_batch(batch, n_receivers=n_receivers)
         if self.neighbors.rebuilt:
             self._check(batch)
         n_sys = batch.n_systems
@@ -505,6 +546,23 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             spin=torch.full((n_sys,), self.spin, dtype=torch.long, device=dev),
             dataset=[self.task] * n_sys,
         )
+
+    def _refreshed_rows(self) -> int | None:
+        """The owned rows under a live DD context with ``halo="refresh"`` (the
+        receivers, whose energies count); ``None`` otherwise."""
+        layout = current_dd_context().layout
+        return None if layout is None or self.halo != "refresh" else int(layout.n_owned)
+
+    def _atom_energies(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
+        """Per-atom energies of ``batch`` at ``positions`` (differentiable in them):
+        the energy block on the backbone's scalar channels, denormalised.
+        **Collective** under a live DD context with ``halo="refresh"`` (the ghost
+        rows' refreshes, forward and backward)."""
+        emb = self.backbone(self.graph(batch, positions))
+        scalars = emb["node_embedding"][:, 0, :]
+        raw = cast(torch.Tensor, self._head.energy_block(scalars)).reshape(-1)
+        refs = cast(torch.Tensor, self.element_references)
+        return raw * self.energy_scale + refs.index_select(0, batch.atomic_numbers)
 
     def forward(self, batch: Batch) -> ModelOutputs:
         """Energy, forces and per-atom energies of every system of ``batch``.
@@ -536,14 +594,21 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             if ctx.layout is not None:
                 self._composition_pending = False
                 self.check_composition(batch, ctx)
+        n_owned = self._refreshed_rows()
+        if n_owned is not None:  # SPEC_UMA_HALO: owned rows' energies, refreshed ghosts
+            return outputs_by_autograd(
+                lambda pos, cell: self._atom_energies(batch, pos),
+                batch.positions,
+                batch.cell,
+                batch.system_index,
+                n_counted=n_owned,
+                compute_stress=False,
+                energy_scope=energy_scope(SPEC_UMA_HALO),
+            )
         given = batch.positions.requires_grad
         positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
         with torch.enable_grad():
-            emb = self.backbone(self.graph(batch, positions))
-            scalars = emb["node_embedding"][:, 0, :]
-            raw = cast(torch.Tensor, self._head.energy_block(scalars)).reshape(-1)
-            refs = cast(torch.Tensor, self.element_references)
-            atom = raw * self.energy_scale + refs.index_select(0, batch.atomic_numbers)
+            atom = self._atom_energies(batch, positions)
             energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
             if given:
                 return {"energy": energy, "atom_energies": atom}
@@ -580,6 +645,17 @@ def _formula(composition: torch.Tensor) -> str:
     whole = all(float(v).is_integer() for v in values)
     parts = [f"Z{z}:{int(v)}" if whole else f"Z{z}:{v:.4g}" for z, v in enumerate(values) if v > 0]
     return " ".join(parts) or "(no atoms)"
+
+
+def _refresh_ghost_rows(module: Any, args: Any, output: torch.Tensor) -> torch.Tensor | None:
+    """Forward hook (``halo="refresh"``) on the edge-degree embedding and the
+    blocks: under a live DD context the ghost rows of the node features they
+    return are replaced by their owners' (owned rows are exact: edges exist for
+    owned receivers only). **Collective** then (one exchange, its adjoint in the
+    backward); outside DD it changes nothing."""
+    if current_dd_context().layout is None:
+        return None
+    return refresh_neighbors(output)
 
 
 def _nonlocal_parts(backbone: Any) -> str | None:
