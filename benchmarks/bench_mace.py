@@ -101,23 +101,43 @@ def dims_of(start: int, doubling: int) -> tuple[int, int, int]:
 
 def silica(dims: tuple[int, int, int], dtype: torch.dtype, device: str, seed: int = 0) -> Any:
     """The silica-like periodic system (see the module docstring)."""
-    from nvdd.core import Batch
-
     g = torch.Generator().manual_seed(seed)
+    positions = jittered_grid(dims, SPACING, g)
+    z = torch.where(torch.rand(positions.shape[0], generator=g) < 2 / 3, 8, 14)
+    return periodic_box(
+        positions, z, torch.tensor(dims, dtype=torch.float64) * SPACING, g, dtype, device
+    )
+
+
+def jittered_grid(dims: tuple[int, int, int], spacing: float, g: torch.Generator) -> torch.Tensor:
+    """Simple-cubic sites at ``spacing`` (the cell's centres), each moved by 0.1 A noise."""
     axes = [torch.arange(d, dtype=torch.float64) for d in dims]
     grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-    n = grid.shape[0]
-    positions = (grid + 0.5) * SPACING + 0.1 * torch.randn(n, 3, generator=g, dtype=torch.float64)
-    z = torch.where(torch.rand(n, generator=g) < 2 / 3, 8, 14)
+    return (grid + 0.5) * spacing + 0.1 * torch.randn(
+        grid.shape[0], 3, generator=g, dtype=torch.float64
+    )
+
+
+def periodic_box(
+    positions: torch.Tensor,
+    z: torch.Tensor,
+    lengths: torch.Tensor,
+    g: torch.Generator,
+    dtype: torch.dtype,
+    device: str,
+) -> Any:
+    """A periodic orthorhombic Batch of ``positions`` (float64) and numbers ``z``, box
+    ``lengths``, 300 K velocities from ``g`` (zero mean), in ``dtype`` on ``device``."""
+    from nvdd.core import Batch
+
     batch = Batch(
         positions=positions,
         atomic_numbers=z,
-        cell=torch.diag(torch.tensor(dims, dtype=torch.float64) * SPACING),
+        cell=torch.diag(lengths.to(torch.float64)),
         pbc=[True, True, True],
     )
-    masses = batch.masses
-    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    v = v * torch.sqrt(8.617333262e-5 * 300.0 / masses)[:, None]
+    v = torch.randn(positions.shape[0], 3, generator=g, dtype=torch.float64)
+    v = v * torch.sqrt(8.617333262e-5 * 300.0 / batch.masses)[:, None]
     return batch.replace(velocities=v - v.mean(dim=0)).to(dtype=dtype, device=device)
 
 
@@ -167,14 +187,26 @@ def measure(
     import torch.distributed as dist
 
     device = prepare(device, memory_limit_mb)
-    from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
     from nvdd.models import MACEModel
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     dtype = getattr(torch, dtype_name)
     model = MACEModel(mace, dtype=dtype, device=device, cueq=cueq, skin=skin)
     whole = rank == 0 or mode == "plain"
     batch = silica(dims, dtype, device) if whole else silica((1, 1, 1), dtype, device)
+    return {**run_md(mode, model, batch, steps, warmup, device, skin), "cueq": model.uses_cueq}
+
+
+def run_md(
+    mode: str, model: Any, batch: Any, steps: int, warmup: int, device: str, skin: float
+) -> dict[str, Any]:
+    """``warmup`` then ``steps`` timed NVE steps of ``model`` on ``batch`` (0.5 fs), plain
+    or under ``DomainParallel`` on this process group (rank 0's result is the run's)."""
+    import torch.distributed as dist
+
+    from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
+
+    world = dist.get_world_size()
     n_atoms = batch.n_atoms
     dyn = VelocityVerlet(model, batch, dt_fs=0.5)
     with warnings.catch_warnings():
@@ -214,7 +246,6 @@ def measure(
         "ms_per_step": 1000.0 * elapsed / steps,
         "peak_mb": [p[0] for p in peaks],
         "ghosts": [p[1] for p in peaks],
-        "cueq": model.uses_cueq,
         **extra,
     }
 

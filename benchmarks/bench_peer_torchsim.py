@@ -95,12 +95,10 @@ def measure_peer(
 ) -> dict[str, Any]:
     """One measurement of torch-sim's NVE loop with its MACE wrapper (one process)."""
     device = prepare(device, memory_limit_mb)
-    import torch_sim as ts
     from torch_sim.models.mace import MaceModel
     from torch_sim.neighbors import alchemiops_nl_cell_list, torchsim_nl
 
     dtype = getattr(torch, dtype_name)
-    batch = silica(dims, dtype, device)  # the same positions and velocities as nvdd's legs
     nl = alchemiops_nl_cell_list if leg == "peer-cell" else torchsim_nl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -113,11 +111,24 @@ def measure_peer(
             compute_stress=False,
             enable_cueq=cueq,
         )
+    # the same positions and velocities as nvdd's legs
+    return {**run_torchsim(model, silica(dims, dtype, device), steps, warmup), "cueq": cueq}
+
+
+def run_torchsim(model: Any, batch: Any, steps: int, warmup: int) -> dict[str, Any]:
+    """``warmup`` then ``steps`` timed steps of torch-sim's NVE loop (``nve_init`` with
+    ``batch``'s velocities, then ``nve_step``, 0.5 fs) with the torch-sim ``model`` on
+    ``batch`` (an nvdd Batch: one periodic system)."""
+    import torch_sim as ts
+
+    dtype, device = batch.positions.dtype, str(batch.positions.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         state = ts.SimState(
             positions=batch.positions.clone(),
             masses=batch.masses.clone(),
             cell=batch.cell.reshape(1, 3, 3).mT.contiguous(),  # torch-sim: columns
-            pbc=True,
+            pbc=bool(batch.pbc.all()),
             atomic_numbers=batch.atomic_numbers.to(torch.long),
         )
         md = ts.nve_init(state, model, kT=0.0)
@@ -139,32 +150,16 @@ def measure_peer(
         "atoms": batch.n_atoms,
         "ms_per_step": 1000.0 * elapsed / steps,
         "peak_mb": [_peak_mb(device)],
-        "cueq": cueq,
         "ke_end": float(0.5 * (md.momenta**2 / md.masses[:, None]).sum()),
     }
 
 
 def one(args: argparse.Namespace, leg: str, mace: Any, cells_k: int, phase: str) -> dict[str, Any]:
     """One leg at one size, in a fresh process; failures become the row's status."""
-    from nvdd.core import RankFailedError, RankTimeoutError, spawn_ranks
-
     dims = dims_of(args.cells, cells_k)
     steps, warmup = (
         (args.steps, args.warmup) if phase == "timed" else (args.search_steps, args.search_warmup)
     )
-    row: dict[str, Any] = {
-        "leg": leg,
-        "phase": phase,
-        "dtype": args.dtype,
-        "atoms": dims[0] * dims[1] * dims[2],
-        "steps": steps,
-        "warmup": warmup,
-    }
-    if leg in PEER_LEGS and args.peer_missing:
-        row.update(status="missing", error=args.peer_missing)
-        _print_row(row)
-        return row
-    threads = 1 if args.device == "cpu" else max(1, os.cpu_count() or 1)
     if leg in PEER_LEGS:
         fn: Any = measure_peer
         fargs: tuple[Any, ...] = (leg, mace, dims, args.dtype, args.cueq, steps, warmup)
@@ -173,6 +168,37 @@ def one(args: argparse.Namespace, leg: str, mace: Any, cells_k: int, phase: str)
         fn = measure_nvdd
         fargs = (leg, mace, dims, args.dtype, args.cueq, steps, warmup, args.device, args.skin)
         fargs += (args.memory_limit_mb,)
+    return run_leg(args, leg, phase, dims[0] * dims[1] * dims[2], steps, warmup, fn, fargs)
+
+
+def run_leg(
+    args: argparse.Namespace,
+    leg: str,
+    phase: str,
+    atoms: int,
+    steps: int,
+    warmup: int,
+    fn: Any,
+    fargs: tuple[Any, ...],
+) -> dict[str, Any]:
+    """``fn(*fargs)`` in a fresh process (a world of one: nccl on cuda, else gloo), as a
+    result row; a peer leg without torch-sim, a failure, an out-of-memory or a timeout
+    become the row's ``status`` (and ``error``)."""
+    from nvdd.core import RankFailedError, RankTimeoutError, spawn_ranks
+
+    row: dict[str, Any] = {
+        "leg": leg,
+        "phase": phase,
+        "dtype": args.dtype,
+        "atoms": atoms,
+        "steps": steps,
+        "warmup": warmup,
+    }
+    if leg in PEER_LEGS and args.peer_missing:
+        row.update(status="missing", error=args.peer_missing)
+        _print_row(row)
+        return row
+    threads = 1 if args.device == "cpu" else max(1, os.cpu_count() or 1)
     t0 = time.perf_counter()
     try:
         res = spawn_ranks(
@@ -191,9 +217,31 @@ def one(args: argparse.Namespace, leg: str, mace: Any, cells_k: int, phase: str)
         row["error"] = str(exc).strip().splitlines()[-1]
     except RankTimeoutError as exc:
         row.update(status="timeout", error=str(exc).strip().splitlines()[-1])
+    except Exception as exc:  # (the run goes on: the row says what failed)
+        row.update(status="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
     row["wall_s"] = time.perf_counter() - t0
     _print_row(row)
     return row
+
+
+def search(args: argparse.Namespace, rows: list[dict[str, Any]], measure: Any) -> None:
+    """The largest-system phase: each of ``args.search_legs`` doubles the timed size
+    (``measure(leg, k)``: the row at ``k`` doublings) until a failure, ``--doublings``,
+    ``--max-atoms`` or ``--search-budget-s``; rows are appended to ``rows``."""
+    for leg in args.search_legs:
+        first = next((r for r in rows if r["leg"] == leg), None)
+        if first is not None and first["status"] != "ok":
+            continue  # the timed size already failed: nothing larger fits
+        spent = 0.0
+        for k in range(1 if first else 0, args.doublings + 1):
+            d = dims_of(args.cells, k)
+            if d[0] * d[1] * d[2] > args.max_atoms or spent > args.search_budget_s:
+                break
+            row = measure(leg, k)
+            rows.append(row)
+            spent += row["wall_s"]
+            if row["status"] != "ok":
+                break
 
 
 def _print_row(r: dict[str, Any]) -> None:
@@ -254,18 +302,19 @@ def _report(t: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         print(f"  DomainParallel 1 GPU / peer, largest system: {r:.2f}x (target >= 1: {ok})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_options(
+    p: argparse.ArgumentParser, legs: list[str], search_legs: list[str], cells: int, name: str
+) -> None:
+    """The options of a peer benchmark's run: the legs, size, device, dtype, timed
+    steps, the largest-system search's bounds, per-measurement timeout, the result."""
+    p.add_argument("--cells", type=int, default=cells, help="lattice repeats per axis (timed size)")
+    p.add_argument("--legs", nargs="+", default=legs)
+    p.add_argument("--search-legs", nargs="*", default=search_legs)
     p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
-    p.add_argument("--size", default="medium", choices=sorted(SIZES))
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--cueq", action="store_true", help="cuEquivariance in every leg")
-    p.add_argument("--cells", type=int, default=24, help="lattice repeats per axis (timed size)")
-    p.add_argument("--legs", nargs="+", default=[*NVDD_LEGS, *PEER_LEGS])
     p.add_argument("--steps", type=int, default=50, help="timed steps (>= 50 for the issue)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--skin", type=float, default=0.5, help="nvdd's Verlet skin (A)")
-    p.add_argument("--search-legs", nargs="*", default=["dd1", "peer-cell"])
     p.add_argument("--doublings", type=int, default=4, help="largest-system search: at most")
     p.add_argument("--search-steps", type=int, default=3)
     p.add_argument("--search-warmup", type=int, default=1)
@@ -273,19 +322,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-atoms", type=int, default=1 << 24)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     p.add_argument("--memory-limit-mb", type=int, default=0, help="CPU: cap each leg's heap")
-    p.add_argument("--quick", action="store_true", help="CPU check: tiny model, 64-128 atoms")
-    p.add_argument("--name", default="mace-1gpu-torchsim", help="result file name")
+    p.add_argument("--quick", action="store_true", help="CPU check: tiny model and system")
+    p.add_argument("--name", default=name, help="result file name")
     p.add_argument("--out-dir", type=Path, default=harness.RESULTS)
+
+
+def parse_run(
+    p: argparse.ArgumentParser, argv: list[str] | None, legs: tuple[str, ...], quick_cells: int
+) -> argparse.Namespace:
+    """Parsed options (``--quick``: tiny model, ``quick_cells`` per axis, 3 steps after 1,
+    one doubling), the legs checked against ``legs``, ``peer_missing`` set (printed)."""
     args = p.parse_args(argv)
     if args.quick:
-        args.size, args.cells, args.steps, args.warmup = "tiny", 4, 3, 1
+        args.size, args.cells, args.steps, args.warmup = "tiny", quick_cells, 3, 1
         args.doublings, args.search_budget_s = 1, 120.0
-    unknown = set(args.legs + args.search_legs) - set(NVDD_LEGS + PEER_LEGS)
+    unknown = set(args.legs + args.search_legs) - set(legs)
     if unknown:
-        p.error(f"unknown legs {sorted(unknown)}; choose from {NVDD_LEGS + PEER_LEGS}")
+        p.error(f"unknown legs {sorted(unknown)}; choose from {legs}")
     args.peer_missing = peer_available()
     if args.peer_missing:
         print(f"peer legs skipped: {args.peer_missing}", flush=True)
+    return args
+
+
+def finish(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    rows: list[dict[str, Any]],
+    what: str,
+    dists: list[str],
+) -> Path:
+    """The targets printed and the result file written (``what`` begins its title;
+    the versions of ``dists`` where installed); its path."""
+    _report(targets(rows, args.search_legs), rows)
+    env = harness.environment()
+    for dist in dists:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env["versions"][dist] = metadata.version(dist)
+    gpu = env["machine"].get("gpu", args.device)
+    return harness.write_result(
+        args.name,
+        title=f"{what} on one {gpu}: nvdd plain, DomainParallel, torch-sim",
+        command="python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        rows=rows,
+        benchmark="benchmarks/" + os.path.basename(sys.argv[0]),
+        out_dir=args.out_dir,
+        provenance=env,
+        note=None if not args.peer_missing else "peer legs missing: torch-sim not importable",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="medium", choices=sorted(SIZES))
+    p.add_argument("--cueq", action="store_true", help="cuEquivariance in every leg")
+    add_run_options(p, [*NVDD_LEGS, *PEER_LEGS], ["dd1", "peer-cell"], 24, "mace-1gpu-torchsim")
+    args = parse_run(p, argv, NVDD_LEGS + PEER_LEGS, 4)
     spec = SIZES[args.size]
     print(
         f"MACE {args.size} ({spec['hidden_irreps']}, r_max {spec['r_max']} A), {args.dtype}, "
@@ -295,36 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'phase':<7}{'leg':<10}{'atoms':>10}{'steps':>6}{'ms/step':>10}{'peak MB':>12}  status")
     mace = build(args.size, getattr(torch, args.dtype))
     rows = [one(args, leg, mace, 0, "timed") for leg in args.legs]
-    for leg in args.search_legs:
-        first = next((r for r in rows if r["leg"] == leg), None)
-        if first is not None and first["status"] != "ok":
-            continue  # the timed size already failed: nothing larger fits
-        spent = 0.0
-        for k in range(1 if first else 0, args.doublings + 1):
-            d = dims_of(args.cells, k)
-            if d[0] * d[1] * d[2] > args.max_atoms or spent > args.search_budget_s:
-                break
-            row = one(args, leg, mace, k, "search")
-            rows.append(row)
-            spent += row["wall_s"]
-            if row["status"] != "ok":
-                break
-    t = targets(rows, args.search_legs)
-    _report(t, rows)
-    env = harness.environment()
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        env["versions"]["torch-sim-atomistic"] = metadata.version("torch-sim-atomistic")
-    gpu = env["machine"].get("gpu", args.device)
-    path = harness.write_result(
-        args.name,
-        title=f"MACE {args.size} {args.dtype} on one {gpu}: nvdd plain, DomainParallel, torch-sim",
-        command="python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        rows=rows,
-        benchmark="benchmarks/bench_peer_torchsim.py",
-        out_dir=args.out_dir,
-        provenance=env,
-        note=None if not args.peer_missing else "peer legs missing: torch-sim not importable",
-    )
+    search(args, rows, lambda leg, k: one(args, leg, mace, k, "search"))
+    path = finish(args, argv, rows, f"MACE {args.size} {args.dtype}", ["torch-sim-atomistic"])
     print(f"wrote {path}")
     if args.peer_missing and set(args.legs) & set(PEER_LEGS):
         print(f"peer legs NOT measured: {args.peer_missing}", flush=True)

@@ -416,6 +416,53 @@ TORCHSIM_LEGS = {
 
 def mace_vs_torchsim(doc: dict[str, Any]) -> str:
     """MACE on one GPU: nvdd plain and DomainParallel against torch-sim (bench_peer_torchsim.py)."""
+    intro = (
+        "## MACE on one GPU against torch-sim\n\n"
+        "The same random-weight MACE, silica-like system, initial velocities and 0.5 fs NVE\n"
+        "velocity-Verlet step in every leg, each leg in its own process: nvdd's plain model,\n"
+        "nvdd under `DomainParallel` on one GPU, and torch-sim's MD loop (`nve_init`, then\n"
+        "`nve_step`) with its MACE wrapper (forces only). "
+    )
+    return _vs_torchsim(doc, intro, TORCHSIM_LEGS)
+
+
+PEER_MODELS = {
+    "uma": (
+        "UMA",
+        "UMAModel",
+        "fairchem's `FairChemModel` (its batch predictor, its own radius graph)",
+        "silica-like O/Si box",
+    ),
+    "aimnet2": (
+        "AIMNet2",
+        "AIMNet2Model",
+        "aimnet's `AIMNet2TorchSim` around an `AIMNet2Calculator` (float32)",
+        "periodic box of water molecules",
+    ),
+}
+
+
+def model_vs_torchsim(doc: dict[str, Any]) -> str:
+    """UMA or AIMNet2 on one GPU against torch-sim (bench_peer_models.py): the model of
+    the result file's name."""
+    label, cls, peer, system = PEER_MODELS[doc["name"].split("-")[0]]
+    intro = (
+        f"## {label} on one GPU against torch-sim\n\n"
+        f"The same random-weight {label} (one model file, loaded by every leg), {system},\n"
+        "initial velocities and 0.5 fs NVE velocity-Verlet step in every leg, each leg in its\n"
+        f"own process: nvdd's plain `{cls}`, nvdd under `DomainParallel` on one GPU, and\n"
+        f"torch-sim's MD loop (`nve_init`, then `nve_step`) with {peer}. "
+    )
+    legs = {
+        "plain": f"nvdd plain (VelocityVerlet + {cls})",
+        "dd1": TORCHSIM_LEGS["dd1"],
+        "peer": f"torch-sim, {label}'s own interface",
+    }
+    return _vs_torchsim(doc, intro, legs)
+
+
+def _vs_torchsim(doc: dict[str, Any], intro: str, legs: dict[str, str]) -> str:
+    """The torch-sim comparison of one result file: timed rows, targets, largest systems."""
     rows = doc["rows"]
     timed = [r for r in rows if r.get("phase") == "timed"]
     ok = {r["leg"]: r for r in timed if r.get("status") == "ok"}
@@ -426,7 +473,7 @@ def mace_vs_torchsim(doc: dict[str, Any]) -> str:
         peak = max(r.get("peak_mb") or [0]) / 1024 if r.get("status") == "ok" else None
         body.append(
             [
-                TORCHSIM_LEGS.get(r["leg"], r["leg"]),
+                legs.get(r["leg"], r["leg"]),
                 atoms(r["atoms"]),
                 str(r["steps"]),
                 num(ms(r), 1) if r.get("status") == "ok" else r.get("status", ""),
@@ -437,7 +484,7 @@ def mace_vs_torchsim(doc: dict[str, Any]) -> str:
     head = ["leg", "atoms", "timed steps", "ms/step", "peak GiB", "/ faster torch-sim"]
     big = []
     largest: dict[str, int] = {}
-    for leg in TORCHSIM_LEGS:
+    for leg in legs:
         mine = [r for r in rows if r["leg"] == leg and r.get("phase") == "search"]
         if not mine:
             continue
@@ -445,7 +492,7 @@ def mace_vs_torchsim(doc: dict[str, Any]) -> str:
         failed = [r for r in mine if r.get("status") != "ok"]
         largest[leg] = max(ran, default=0)
         nxt = f"{failed[0]['status']} at {atoms(failed[0]['atoms'])}" if failed else "not reached"
-        big.append([TORCHSIM_LEGS[leg], atoms(largest[leg]) if ran else "none", nxt])
+        big.append([legs[leg], atoms(largest[leg]) if ran else "none", nxt])
     lines = []
     if best and "dd1" in ok:
         r = ok["dd1"]["ms_per_step"] / best["ms_per_step"]
@@ -462,12 +509,7 @@ def mace_vs_torchsim(doc: dict[str, Any]) -> str:
         )
     first = timed[0] if timed else rows[0]
     out = (
-        "## MACE on one GPU against torch-sim\n\n"
-        "The same random-weight MACE, silica-like system, initial velocities and 0.5 fs NVE\n"
-        "velocity-Verlet step in every leg, each leg in its own process: nvdd's plain model,\n"
-        "nvdd under `DomainParallel` on one GPU, and torch-sim's MD loop (`nve_init`, then\n"
-        "`nve_step`) with its MACE wrapper (forces only). "
-        f"{first['steps']} steps timed after {first['warmup']}\n"
+        intro + f"{first['steps']} steps timed after {first['warmup']}\n"
         "of warm-up, one device synchronisation around them; the ratio column divides by the\n"
         "faster torch-sim leg.\n\n"
         f"{table(head, body, [False, True, True, True, True, True])}\n\n"
@@ -687,6 +729,8 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("lj-1gpu-graphs", "lj-2gpu-strong"), memory_per_atom),
     (("mace-2gpu", "mace-1gpu-cueq"), mace_max_atoms),
     (("mace-1gpu-torchsim",), mace_vs_torchsim),
+    (("uma-1gpu-torchsim",), model_vs_torchsim),
+    (("aimnet2-1gpu-torchsim",), model_vs_torchsim),
     (("step-refactor-ab",), step_refactor_ab),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),

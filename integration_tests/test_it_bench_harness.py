@@ -48,6 +48,65 @@ def test_a_result_file_carries_its_provenance(tmp_path: Path) -> None:
     assert render.load_results(tmp_path)["unit"]["command"] == "python benchmarks/x.py"
 
 
+def test_the_uma_and_aimnet2_torchsim_sections_appear_only_with_their_files(
+    tmp_path: Path,
+) -> None:
+    """bench_peer_models.py's result files (UMA, AIMNet2 against torch-sim) each render
+    their own section, with the targets from the rows; without the files, none."""
+    assert "against torch-sim" not in render.render({})
+    for model in ("uma", "aimnet2"):
+        rows = [
+            {
+                "leg": leg,
+                "phase": "timed",
+                "atoms": 8000,
+                "steps": 50,
+                "warmup": 15,
+                "status": "ok",
+                "ms_per_step": ms,
+                "peak_mb": [2048.0],
+            }
+            for leg, ms in (("plain", 40.0), ("dd1", 42.0), ("peer", 40.0))
+        ]
+        rows += [
+            {
+                "leg": "dd1",
+                "phase": "search",
+                "atoms": 16000,
+                "steps": 3,
+                "warmup": 1,
+                "status": "ok",
+                "ms_per_step": 80.0,
+                "peak_mb": [4096.0],
+            },
+            {
+                "leg": "peer",
+                "phase": "search",
+                "atoms": 16000,
+                "steps": 3,
+                "warmup": 1,
+                "status": "OOM",
+                "error": "CUDA out of memory",
+            },
+        ]
+        harness.write_result(
+            f"{model}-1gpu-torchsim",
+            title="t",
+            command="python benchmarks/bench_peer_models.py",
+            rows=rows,
+            benchmark="benchmarks/bench_peer_models.py",
+            out_dir=tmp_path,
+        )
+    page = render.render(render.load_results(tmp_path))
+    for label, cls in (("UMA", "UMAModel"), ("AIMNet2", "AIMNet2Model")):
+        section = page.split(f"## {label} on one GPU against torch-sim")[1].split("\n## ")[0]
+        assert f"nvdd plain (VelocityVerlet + {cls})" in section
+        assert "**1.05x** the step time" in section and "(target <= 1.1: met)" in section
+        assert "**2.00x** torch-sim's (target >= 1: met)" in section
+        assert "| OOM at 16,000 |" in section
+    assert "Other result files" not in page
+
+
 def test_a_quick_suite_alternates_two_trees_in_one_run(tmp_path: Path) -> None:
     (path,) = suite.run_suite("neighbors", quick=True, ab="HEAD", rounds=1, out_dir=tmp_path)
     doc = json.loads(path.read_text())
