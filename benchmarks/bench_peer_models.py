@@ -280,12 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="nvdd-peer-") as tmp:
         path = os.path.join(tmp, f"{args.model}-{args.size}.pt")
         (write_uma if args.model == "uma" else write_aimnet2)(Path(path), args.size)
+        label = {"uma": "UMA", "aimnet2": "AIMNet2"}[args.model]
+        args.name = args.name or f"{args.model}-1gpu-torchsim"
+        dists = ["torch-sim-atomistic", "fairchem-core", "aimnet", "e3nn"]
+        what = f"{label} {args.size} {args.dtype}"
         rows = [one(args, path, leg, 0, "timed") for leg in args.legs]
+        if args.search_legs:  # (the timed rows written first: a run cut short keeps them)
+            print(f"wrote {finish(args, argv, rows, what, dists)} (timed rows)")
         search(args, rows, lambda leg, k: one(args, path, leg, k, "search"))
-    label = {"uma": "UMA", "aimnet2": "AIMNet2"}[args.model]
-    args.name = args.name or f"{args.model}-1gpu-torchsim"
-    dists = ["torch-sim-atomistic", "fairchem-core", "aimnet", "e3nn"]
-    print(f"wrote {finish(args, argv, rows, f'{label} {args.size} {args.dtype}', dists)}")
+    print(f"wrote {finish(args, argv, rows, what, dists)}")
     return 1 if args.peer_missing and "peer" in args.legs else 0
 
 
