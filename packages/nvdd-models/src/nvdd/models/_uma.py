@@ -48,9 +48,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 
-from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
+from nvdd.core import Batch, ModelOutputs, ValidationError, all_reduce, import_optional
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import energy_scope, halo_spec
 from nvdd.models._forces import outputs_by_autograd
@@ -478,7 +477,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             torch.ones(n_owned, dtype=torch.float64, device=z.device),
             accumulate=True,
         )
-        dist.all_reduce(counts, group=ctx.group)
+        all_reduce(counts, group=ctx.group)
         counts = counts.cpu()
         present = counts.sum(dim=1) > 0
         reduced = counts[present] / counts[present].sum(dim=1, keepdim=True)
