@@ -255,7 +255,7 @@ _PIECES = (
     ("nvdd.dynamics._distributed_model", "DistributedModel.exchange", "exchange (ghost positions)"),
     ("nvdd.dynamics._distributed_model", "DistributedModel.forward", "forward (model)"),
     ("nvdd.models._device_neighbors", "DeviceVerletList.__call__", "  neighbour list"),
-    ("nvdd.models._lj_fast", "WarpLJ.__call__", "  LJ kernel"),
+    ("nvdd.models._lj", "WarpLJ.__call__", "  LJ kernel"),
     ("nvdd.dynamics._distributed_model", "DistributedModel.fold", "fold + consolidation"),
     ("nvdd.halo._plan", "HaloPlan.reverse", "  fold"),
 )

@@ -7,6 +7,7 @@ import pkgutil
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 import nvdd.shardtensor as pkg
@@ -63,3 +64,31 @@ def test_self_image_layout_satisfies_the_protocol() -> None:
     assert isinstance(layout, HaloLayout)
     assert not isinstance(object(), HaloLayout)
     assert (layout.n_owned, layout.n_padded, layout.group) == (2, 3, None)
+
+
+def test_with_positions_swaps_the_positions_and_checks_the_layout_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runtime makes one context per halo plan and one per step with that
+    step's positions: the layout is checked when the first is made, not again."""
+    from nvdd.core import ConfigurationError
+    from nvdd.shardtensor import DDContext, _context
+
+    checked: list[object] = []
+    real = _context.check_layout
+    monkeypatch.setattr(_context, "check_layout", lambda lay: checked.append(lay) or real(lay))
+    layout = SelfImageLayout(2, torch.tensor([1]))
+    base = DDContext(layout=layout, n_systems=2, topology_version=5)
+    pos = torch.zeros(3, 3)
+    ctx = base.with_positions(pos)
+    assert checked == [layout]  # (the base only)
+    assert ctx.positions is pos and base.positions is None
+    assert (ctx.layout, ctx.group, ctx.n_systems, ctx.topology_version) == (
+        layout,
+        base.group,
+        2,
+        5,
+    )
+    assert ctx.with_positions(None).positions is None
+    with pytest.raises(ConfigurationError, match="must be a tensor or None"):
+        base.with_positions([0.0])  # type: ignore[arg-type]

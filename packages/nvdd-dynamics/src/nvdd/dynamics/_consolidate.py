@@ -1,6 +1,11 @@
-"""Output consolidation: padded per-rank model outputs -> this rank's share of the truth.
+"""A forward's outputs -> this rank's share of the truth: the forces, then the rest.
 
-Each output is combined by its :class:`~nvdd.spec.OutputSpec`:
+Forces come out of the raw outputs by :func:`extract_forces` (the model's own,
+or ``-dE/dx`` by autograd); every force provider (the whole batch on one rank,
+the halo, graph partition, each component of a pipeline) reads them through it,
+so the rules and the error messages are the same in every mode.
+
+Every other output is combined by its :class:`~nvdd.spec.OutputSpec`:
 
 ============  ============  ==================================================
 kind          reduce        what happens
@@ -26,16 +31,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nvdd.core import ConfigurationError
+from nvdd.core import ConfigurationError, ValidationError
 from nvdd.dynamics._collectives import MeshReducer
-from nvdd.spec import ForceStrategy, MLIPSpec, OutputKind, Reduce
+from nvdd.spec import ForceStrategy, MLIPSpec, ModelContract, OutputKind, Reduce, unwrap_model
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from nvdd.halo import HaloPlan
 
-__all__ = ["PendingTotals", "UndeclaredOutputWarning", "consolidate", "folds_forces"]
+__all__ = [
+    "PendingTotals",
+    "UndeclaredOutputWarning",
+    "consolidate",
+    "extract_forces",
+    "folds_forces",
+]
 
 
 class UndeclaredOutputWarning(UserWarning):
@@ -265,3 +276,59 @@ class PendingTotals:
                 total = total.to(device=partial.device, dtype=partial.dtype)
             self._totals[n] = total + self._base[n] if n in self._base else total
             offset += partial.numel()
+
+
+# ------------------------------------------------------------------ forces
+def extract_forces(
+    raw: dict[str, Any], positions: torch.Tensor, strategy: ForceStrategy, model: ModelContract
+) -> torch.Tensor:
+    """Take the forces out of ``raw`` (popped), detached, one row per position.
+
+    The model's ``forces`` when it returns them (whatever ``strategy`` says);
+    otherwise, under ``ForceStrategy.AUTOGRAD``, ``-d(sum energy)/d positions``
+    (zeros when the energy does not depend on ``positions``).
+
+    Parameters
+    ----------
+    raw:
+        The forward's outputs by name (a mutable copy: ``forces`` is removed).
+    positions:
+        The positions the model ran on, shape ``(n_rows, 3)``: the autograd
+        leaf when ``strategy`` is ``AUTOGRAD``.
+    strategy:
+        The spec's :class:`~nvdd.spec.ForceStrategy`.
+    model:
+        The model that returned ``raw`` (named in errors).
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``positions.shape``, detached.
+
+    Raises
+    ------
+    ValidationError
+        When ``raw`` holds neither ``forces`` nor (under ``AUTOGRAD``) an
+        ``energy``, or the forces do not have one row per position.
+    """
+    if "forces" in raw:
+        forces = raw.pop("forces")
+    elif strategy is ForceStrategy.AUTOGRAD and "energy" in raw:
+        (grad,) = torch.autograd.grad(raw["energy"].sum(), positions, allow_unused=True)
+        forces = -grad if grad is not None else torch.zeros_like(positions)
+    else:
+        raise ValidationError(
+            f"{_name(model)} returned neither 'forces' nor a differentiable 'energy' "
+            f"(got {sorted(raw)}) under {strategy}"
+        )
+    if forces.shape != positions.shape:
+        raise ValidationError(
+            f"{_name(model)}: forces have shape {tuple(forces.shape)}, expected one row per "
+            f"position {tuple(positions.shape)}"
+        )
+    out: torch.Tensor = forces.detach()
+    return out
+
+
+def _name(model: ModelContract) -> str:
+    return type(unwrap_model(model)).__name__

@@ -41,14 +41,14 @@ from nvdd.core import (
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import PendingTotals, consolidate, output_rules
-from nvdd.dynamics._extract import extract_forces
+from nvdd.dynamics._consolidate import PendingTotals, consolidate, extract_forces, output_rules
 from nvdd.dynamics._finite import (
     MODEL_GROWS,
     REBUILD,
     STEADY,
     decision_code,
     read_decision,
+    reduce_device,
 )
 from nvdd.dynamics._provider import DDStats, ProviderBase, device_problem
 from nvdd.dynamics._receptive import check_reach, owned_energy_forces, owned_row_outputs
@@ -121,6 +121,10 @@ class DistributedModel(ProviderBase):
         # step of a model that splits its steps begins with that search)
         self._head_padded: tuple[int, torch.Tensor] | None = None
         self._decided: bool | None = None
+        # the DD context of the current plan (without positions): see _context
+        self._ctx: DDContext | None = None
+        # where the step's decision is all-reduced (None: one rank), set at attach
+        self._reduce_on: torch.device | None = None
 
     @property
     def plan(self) -> HaloPlan:
@@ -140,6 +144,7 @@ class DistributedModel(ProviderBase):
             exc_type=ConfigurationError,
         )
         self._sharded = sharded
+        self._reduce_on = reduce_device(sharded.group)
         self.pending = PendingTotals(sharded.group)
         check_reach(
             self.spec,
@@ -363,7 +368,9 @@ class DistributedModel(ProviderBase):
         pos = batch.positions.detach()
         ref, ref_cell = self._ref_positions, self._ref_cell
         skin = self.config.skin
-        part = self.sharded.partitioner
+        sharded = self._sharded
+        assert sharded is not None
+        part = getattr(sharded, "partitioner", None)
         if (
             ref is None
             or ref_cell is None
@@ -391,17 +398,19 @@ class DistributedModel(ProviderBase):
                 skin=skin,
                 same_cell=same,
             ).to(torch.int32)
-        return decision_code(moved, model_flag, batch, self.sharded.group)
+        return decision_code(moved, model_flag, batch, sharded.group, self._reduce_on)
 
     def _stale_partition(self) -> bool:
         """Whether the sharded batch's partitioner is not the one the plan was
         built for (``ShardedBatch.rebalance`` re-cut the boxes): the same on
         every rank, since every rank holds the broadcast partitioner."""
-        return getattr(self.sharded, "partitioner", None) is not self._built_for
+        return getattr(self._sharded, "partitioner", None) is not self._built_for
 
     def _read_code(self, code: torch.Tensor, batch: Batch) -> int:
         """The host read of :meth:`_verdict_code` (:func:`read_decision`)."""
-        return read_decision(code, batch, self.sharded.group)
+        sharded = self._sharded
+        assert sharded is not None
+        return read_decision(code, batch, sharded.group)
 
     def _rebuild(self, local: Batch, *, migrate: bool) -> None:
         sharded = self.sharded
@@ -513,13 +522,17 @@ class DistributedModel(ProviderBase):
         self.stats.rebuilds += 1
 
     def _context(self, plan: HaloPlan, positions: torch.Tensor | None) -> DDContext:
-        return DDContext(
-            layout=plan,
-            group=self.sharded.group,
-            n_systems=self.sharded.local_batch.n_systems,
-            positions=positions,
-            topology_version=self._version,
-        )
+        """The DD context of a forward on ``plan``'s rows: made (and checked) once
+        per plan, then only its ``positions`` change."""
+        ctx = self._ctx
+        if ctx is None or ctx.layout is not plan or ctx.topology_version != self._version:
+            ctx = self._ctx = DDContext(
+                layout=plan,
+                group=self.sharded.group,
+                n_systems=self.sharded.local_batch.n_systems,
+                topology_version=self._version,
+            )
+        return ctx if positions is None else ctx.with_positions(positions)
 
     @staticmethod
     def _padded_positions(plan: HaloPlan, batch: Batch) -> torch.Tensor:

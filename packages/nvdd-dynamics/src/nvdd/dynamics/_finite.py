@@ -51,6 +51,7 @@ __all__ = [
     "nonfinite_flag",
     "nonfinite_message",
     "read_decision",
+    "reduce_device",
 ]
 
 #: Positions beyond this many Angstrom from the origin count as a blown-up run:
@@ -182,14 +183,26 @@ class DivergenceFlag:
 STEADY, MODEL_GROWS, REBUILD, NONFINITE = 0, 1, 2, 3
 
 
+def reduce_device(group: Any) -> torch.device | None:
+    """Where :func:`decision_code` reduces over ``group``: its collectives'
+    device, None for a group of one rank (nothing to reduce). Fixed per group:
+    a caller that decides every step asks once."""
+    return comm_device(group) if get_world_size(group) > 1 else None
+
+
 def decision_code(
-    moved: torch.Tensor, model_flag: torch.Tensor | None, batch: Batch, group: Any
+    moved: torch.Tensor,
+    model_flag: torch.Tensor | None,
+    batch: Batch,
+    group: Any,
+    on: torch.device | str | None = "ask",
 ) -> torch.Tensor:
     """The step's code, int32 ``(1,)``, reduced over ``group`` (no host read).
 
     ``moved``: nonzero when this rank's atoms used up the skin; ``model_flag``:
     nonzero when this rank's model buffers overflowed (None: no such model);
-    the non-finite flag of ``batch`` is added here.
+    the non-finite flag of ``batch`` is added here. ``on``: the group's
+    :func:`reduce_device` when the caller knows it (default: asked here).
 
     **Collective** over ``group`` when it has more than one rank: ONE
     all-reduce (max) of one integer.
@@ -198,8 +211,9 @@ def decision_code(
     if model_flag is not None:
         code = torch.maximum(code, (model_flag.reshape(()) != 0).to(torch.int32))
     code = torch.where(nonfinite_flag(batch) == 0, code, NONFINITE).reshape(1)
-    if get_world_size(group) > 1:
-        code = code.to(comm_device(group))
+    device = reduce_device(group) if isinstance(on, str) else on
+    if device is not None:
+        code = code.to(device)
         all_reduce(code, "max", group)
     return code
 

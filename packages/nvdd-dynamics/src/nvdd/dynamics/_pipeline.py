@@ -29,9 +29,8 @@ import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import consolidate, folds_forces
+from nvdd.dynamics._consolidate import consolidate, extract_forces, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel, shipped_model
-from nvdd.dynamics._extract import extract_forces
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._provider import ProviderBase
 from nvdd.dynamics._step import StepState

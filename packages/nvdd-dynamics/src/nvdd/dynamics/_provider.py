@@ -15,7 +15,7 @@ totals and the non-finite checks. The modes are its subclasses, one per module:
   partition (index blocks, the real cell);
 - the pipeline variants of the last two (``_pipeline``).
 
-Forces are read from a forward by :func:`~nvdd.dynamics._extract.extract_forces`
+Forces are read from a forward by :func:`~nvdd.dynamics._consolidate.extract_forces`
 and the other outputs consolidated by :func:`~nvdd.dynamics._consolidate.consolidate`
 in every mode.
 """

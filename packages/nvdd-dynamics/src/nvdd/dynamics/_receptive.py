@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nvdd.core import ConfigurationError, ValidationError
-from nvdd.dynamics._extract import extract_forces
+from nvdd.dynamics._consolidate import extract_forces
 from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
 __all__ = ["check_reach", "owned_energy_forces", "owned_row_outputs"]

@@ -314,7 +314,6 @@ class DeviceEdges:
             int(matrix.periodic), self._cutoff * self._cutoff,
         ]  # fmt: skip
         kernels = self._kernels
-        kernels.declare()
         word.zero_()
         kernels.count(n_rows, [*common, within, word], dev, dtype)
         torch.cumsum(within, 0, out=ends)
@@ -336,8 +335,9 @@ class _Kernels:
     """The compaction's kernels, with launches recorded per owner."""
 
     def __init__(self) -> None:
-        self.count = Kernel(ek.count_edges_kernel, floats=(7,))
-        self.write = Kernel(ek.write_edges_kernel, floats=(7,))
+        # the first launch of either declares the overloads of both (not per call)
+        self.count = Kernel(ek.count_edges_kernel, floats=(7,), prepare=self.declare)
+        self.write = Kernel(ek.write_edges_kernel, floats=(7,), prepare=self.declare)
 
     def declare(self) -> None:
         declare_overloads(self.count, self.write)

@@ -65,11 +65,13 @@ class _Kernels:
     """The search's kernels, with launches recorded per list (they die with it)."""
 
     def __init__(self) -> None:
-        self.check = Kernel(ck.check_kernel, floats=(7,), doubles=(8, 9))
-        self.frame = Kernel(ck.frame_kernel, doubles=(2, 3))
-        self.assign = Kernel(ck.assign_kernel, doubles=(4,))
-        self.scatter = Kernel(ck.scatter_kernel)
-        self.build = Kernel(ck.build_kernel, floats=(9,))
+        # the first launch of any of them declares the overloads of all (not per call)
+        first = self.declare
+        self.check = Kernel(ck.check_kernel, floats=(7,), doubles=(8, 9), prepare=first)
+        self.frame = Kernel(ck.frame_kernel, doubles=(2, 3), prepare=first)
+        self.assign = Kernel(ck.assign_kernel, doubles=(4,), prepare=first)
+        self.scatter = Kernel(ck.scatter_kernel, prepare=first)
+        self.build = Kernel(ck.build_kernel, floats=(9,), prepare=first)
 
     def declare(self) -> None:
         declare_overloads(self.check, self.frame, self.assign, self.scatter, self.build)
@@ -438,7 +440,6 @@ class DeviceVerletList:
         track: bool,
     ) -> None:
         k = self._kernels
-        k.declare()
         dev, dtype = pos.device, pos.dtype
         n, n_sys, call = state.n_atoms, int(cell.shape[0]), self._call
         cell_flat = cell.reshape(-1)

@@ -1,4 +1,4 @@
-"""The Warp Lennard-Jones kernel (device code only; host wrapper: ``_lj_fast``).
+"""The Warp Lennard-Jones kernel (device code only; host wrapper: ``_lj.WarpLJ``).
 
 Warp's kernel language is Python syntax with Warp types in annotations, which
 mypy cannot type; the codes disabled below are the ones that language trips.

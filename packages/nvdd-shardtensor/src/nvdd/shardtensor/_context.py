@@ -105,6 +105,26 @@ class DDContext:
                 f"{type(self.positions).__name__}"
             )
 
+    def with_positions(self, positions: torch.Tensor | None) -> DDContext:
+        """This context with ``positions`` instead (the runtime's context of one
+        forward: it makes one context per halo plan and one of these per step).
+        The layout was checked when this context was made, and is not again.
+
+        Raises
+        ------
+        ConfigurationError
+            When ``positions`` is not a tensor or None.
+        """
+        if positions is not None and not isinstance(positions, torch.Tensor):
+            raise ConfigurationError(
+                f"rank {get_rank()}: DDContext.positions must be a tensor or None, got "
+                f"{type(positions).__name__}"
+            )
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__["positions"] = positions
+        return new
+
     def _shape_problem(self) -> str | None:
         pos = self.positions
         if pos is None:
