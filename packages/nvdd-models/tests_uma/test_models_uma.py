@@ -52,13 +52,26 @@ def _fairchem() -> Any:
     return importorskip_extra("fairchem.core", reason="needs the nvdd-models[uma] extra")
 
 
-def _model(seed: int = 1, halo: str = "receptive", **backbone: Any) -> Any:
+def _model(
+    seed: int = 1,
+    halo: str = "receptive",
+    activation_checkpointing: Any = True,
+    freeze: bool = True,
+    **backbone: Any,
+) -> Any:
     _fairchem()
     from nvdd.models import UMAModel
 
     config = {**BACKBONE, **backbone}
     return UMAModel.from_config(
-        config, seed=seed, task="omat", dtype=torch.float64, skin=0.3, halo=halo
+        config,
+        seed=seed,
+        task="omat",
+        dtype=torch.float64,
+        skin=0.3,
+        halo=halo,
+        activation_checkpointing=activation_checkpointing,
+        freeze=freeze,
     )
 
 
@@ -152,9 +165,10 @@ def test_the_wrapper_is_fairchem_and_moe_is_merged_for_the_composition() -> None
 def test_uma_is_exact_under_domain_decomposition() -> None:
     """assert_dd_equivalent at 1e-10 (float64) on 2, 3 and 4 ranks, periodic and
     open, with nothing declared: the model's own spec (receptive field, L = 2 for
-    one block after the edge-degree embedding, folded). One spawn per world size,
-    both systems in it."""
-    model = _model()
+    one block after the edge-degree embedding, folded), with activation
+    checkpointing in chunks of 200 edges (the whole system has 382). One spawn
+    per world size, both systems in it."""
+    model = _model(activation_checkpointing=200)
     report = assert_dd_equivalent(
         model, oxide((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
     )
@@ -242,6 +256,138 @@ def test_a_merged_mixture_refuses_another_composition_under_dd_on_every_rank() -
     same = run_ranks(_merged_run, 2, 0, timeout_s=120)
     assert same[0]["energy"] == same[1]["energy"] and abs(same[0]["energy"]) > 0
     assert [g["reduces"] for g in same] == [[1, 0]] * 2  # the check: once, not per step
+
+
+def _peak_bytes(fn: Any) -> int:
+    """Peak of torch's live CPU allocations while ``fn()`` runs, above those at its
+    start (bytes): torch's profiler with ``profile_memory``, every event's own
+    allocations and frees in the order they began."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e.time_range.start, e.self_cpu_memory_usage)
+        for e in prof.events()
+        if e.self_cpu_memory_usage
+    )
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def _inference_checkpoint(path: Any, backbone: dict[str, Any]) -> None:
+    """A random-weight UMA (plain eSCN-MD backbone, one task) saved as a fairchem
+    inference checkpoint (config, weights, averaged weights, energy and forces
+    tasks), the file fairchem's predictor loads."""
+    import hydra
+    from fairchem.core.units.mlip_unit.api.inference import MLIPInferenceCheckpoint
+
+    config = {
+        "_target_": "fairchem.core.models.base.HydraModel",
+        "pass_through_head_outputs": True,
+        "backbone": {
+            "model": "fairchem.core.models.uma.escn_md.eSCNMDBackbone",
+            "otf_graph": True,
+            "regress_forces": True,
+            "direct_forces": False,
+            **backbone,
+        },
+        "heads": {
+            "energyandforcehead": {"module": "fairchem.core.models.uma.escn_md.MLP_EFS_Head"}
+        },
+    }
+    torch.manual_seed(6)
+    model = hydra.utils.instantiate(config)
+    ema = torch.optim.swa_utils.AveragedModel(model).state_dict()
+    unit = "fairchem.core.units.mlip_unit.mlip_unit."
+
+    def task(prop: str, level: str, dim: list[int]) -> dict[str, Any]:
+        return {
+            "_target_": unit + "Task",
+            "name": prop,
+            "level": level,
+            "property": prop,
+            "out_spec": {"_target_": unit + "OutputSpec", "dim": dim, "dtype": "float32"},
+            "normalizer": {
+                "_target_": "fairchem.core.modules.normalization.normalizer.Normalizer",
+                "mean": 0.0,
+                "rmsd": 1.0,
+            },
+            "datasets": ["omat"],
+        }
+
+    tasks = [task("energy", "system", [1]), task("forces", "atom", [3])]
+    torch.save(MLIPInferenceCheckpoint(config, model.state_dict(), ema, tasks), path)
+
+
+def test_a_uma_step_needs_no_more_memory_than_fairchems_predictor(tmp_path: Any) -> None:
+    """Issue 37 item 3 (nvdd ran out of memory at 8,000 atoms where torch-sim ran
+    16,000): the peak of torch's allocations in one force call of UMAModel (its
+    defaults) is within 10 % of fairchem's batch predictor's (what torch-sim's
+    UMA wrapper runs) for the same checkpoint and system, where the wrapper
+    without activation checkpointing and with trainable weights (the old
+    defaults) needs 3x more. The defaults reach fairchem's modules: every
+    edge-wise module checkpoints chunks of fairchem's 131,072 edges, no parameter
+    requires grad."""
+    _fairchem()
+    from ase import Atoms
+    from fairchem.core.calculate import pretrained_mlip
+    from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
+
+    from nvdd.models import UMAModel
+
+    shape = {**BACKBONE, "sphere_channels": 16, "hidden_channels": 16, "lmax": 2, "mmax": 2}
+    shape |= {"num_layers": 3, "cutoff": 4.0, "dataset_mapping": {"omat": "omat"}}
+    path = tmp_path / "uma.pt"
+    _inference_checkpoint(path, shape)
+    batch = oxide((4, 4, 4), spacing=2.2).to(dtype=torch.float32)
+    atoms = Atoms(
+        numbers=batch.atomic_numbers.numpy(),
+        positions=batch.positions.numpy(),
+        cell=batch.cell[0].numpy(),
+        pbc=True,
+    )
+    data = atomicdata_list_to_batch([AtomicData.from_ase(atoms, task_name="omat")])
+    predictor = pretrained_mlip.get_predict_unit(
+        str(path), inference_settings="batch", device="cpu"
+    )
+    theirs = predictor.predict(data.clone())["forces"]  # (first call: lazy set-up)
+    peak_fairchem = _peak_bytes(lambda: predictor.predict(data.clone()))
+
+    model = UMAModel.from_checkpoint(path, task="omat")
+    assert model.checkpoint_chunk == 128 * 1024
+    chunks = [getattr(m, "activation_checkpoint_chunk_size", 0) for m in model.hydra.modules()]
+    assert chunks.count(128 * 1024) == 1 + shape["num_layers"]  # edge-degree + every block
+    assert not any(p.requires_grad for p in model.hydra.parameters())
+    ours = model(batch)["forces"]
+    peak_ours = _peak_bytes(lambda: model(batch))
+    old = UMAModel.from_checkpoint(path, task="omat", activation_checkpointing=False, freeze=False)
+    assert old.checkpoint_chunk is None and any(p.requires_grad for p in old.hydra.parameters())
+    peak_old = _peak_bytes(lambda: old(batch))
+    assert float((ours - theirs).abs().max()) < 1e-4 * float(theirs.abs().max())
+    assert peak_ours < 1.1 * peak_fairchem, (peak_ours, peak_fairchem)
+    assert peak_old > 3 * peak_ours, (peak_old, peak_ours)
+
+
+def test_activation_checkpoint_chunks_change_nothing() -> None:
+    """Chunks of a few edges (many per block) give the forces and energies of no
+    checkpointing, float64 at 1e-12; the option is validated; freeze=False keeps
+    the parameters trainable."""
+    batch = oxide((3, 3, 3), spacing=1.9, seed=2)
+    off = _model(seed=5, num_layers=2, activation_checkpointing=False)
+    chunked = _model(seed=5, num_layers=2, activation_checkpointing=20)
+    assert off.checkpoint_chunk is None and chunked.checkpoint_chunk == 20
+    assert chunked.neighbors.for_batch(batch).senders.shape[0] > 10 * 20
+    a, b = off(batch), chunked(batch)
+    assert float((a["forces"] - b["forces"]).abs().max()) < 1e-12
+    assert abs(float(a["energy"][0] - b["energy"][0])) < 1e-12
+    for bad in (0, -3, 1.5):
+        with pytest.raises(ConfigurationError, match="activation_checkpointing= is True, False"):
+            _model(activation_checkpointing=bad)
+    assert any(p.requires_grad for p in _model(freeze=False).hydra.parameters())
 
 
 def test_without_fairchem_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:

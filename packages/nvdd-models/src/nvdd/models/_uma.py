@@ -73,6 +73,12 @@ _EFS_HEAD = "fairchem.core.models.uma.escn_md.MLP_EFS_Head"
 #: The ``halo=`` choices: the receptive-field halo (unmodified model) or
 #: ``SPEC_UMA_HALO`` (one cutoff of halo, ghost rows refreshed per block).
 _HALOS = ("receptive", "refresh")
+#: fairchem's edge chunk of activation checkpointing, where its module lacks the
+#: constant (``ESCNMD_DEFAULT_EDGE_ACTIVATION_CHECKPOINT_CHUNK_SIZE`` in 2.24).
+_CHUNK_FALLBACK = 1024 * 128
+#: The attribute of fairchem's edge-wise modules (the edge-degree embedding and
+#: each block's ``edge_wise``) that turns activation checkpointing on.
+_CHUNK_ATTR = "activation_checkpoint_chunk_size"
 
 
 def fairchem_module(name: str, feature: str = "UMAModel") -> Any:
@@ -198,6 +204,21 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         block but the last: ``layers - 1`` exchanges per forward, and as many
         in the backward; the energy all-reduced). Both are exact; on one
         process they are the same model.
+    activation_checkpointing:
+        fairchem's activation checkpointing of the edge-wise work (the
+        edge-degree embedding and every block's message step run in chunks of
+        edges whose activations are recomputed in the backward instead of
+        kept): ``True`` (default, as fairchem's batch predictor and torch-sim
+        run UMA) with fairchem's chunk of 131,072 edges, an ``int`` for another
+        chunk (edges; smaller: less memory), ``False`` to keep every
+        activation (faster, and memory grows by about one block's edge
+        activations per layer). The results are the same up to the order of
+        the per-chunk sums (record 0084).
+    freeze:
+        Turn off ``requires_grad`` of every parameter (default ``True``, as
+        fairchem's predictor does): the forces differentiate the positions
+        only, and autograd then keeps no activation that only a weight
+        gradient needs. ``False`` leaves the parameters as they are.
 
     Attributes
     ----------
@@ -208,6 +229,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
     layers:
         Message-passing steps: the backbone's ``num_layers`` blocks plus its
         edge-degree embedding. The receptive field is ``layers x cutoff``.
+    checkpoint_chunk:
+        Edges per activation-checkpointed chunk, or ``None`` (off).
 
     Notes
     -----
@@ -239,6 +262,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         device: torch.device | str | None = None,
         skin: float = 0.0,
         halo: str = "receptive",
+        activation_checkpointing: bool | int = True,
+        freeze: bool = True,
     ) -> None:
         super().__init__()
         hydra_cls = _class(_HYDRA)
@@ -279,6 +304,9 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         self._cutoff = float(backbone.cutoff)
         if dtype is not None or device is not None:
             model = model.to(dtype=dtype, device=device)
+        self.checkpoint_chunk = _checkpoint_edges(model, activation_checkpointing)
+        if freeze:  # (forces differentiate positions; no weight gradient is ever taken)
+            model.requires_grad_(False)
         self.hydra = model.eval()
         # (not registered as a submodule: it is the hydra's own head)
         object.__setattr__(self, "_head", inner_head)
@@ -410,11 +438,12 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         return cast(Any, self.hydra).backbone
 
     def extra_repr(self) -> str:
-        """The module repr's summary: cutoff, layers, task, charge, spin, skin and halo."""
+        """The module repr's summary: cutoff, layers, task, charge, spin, skin, halo
+        and the activation-checkpoint chunk."""
         return (
             f"cutoff={self._cutoff}, layers={self.layers}, task={self.task!r}, "
             f"charge={self.charge}, spin={self.spin}, skin={self.neighbors.skin}, "
-            f"halo={self.halo!r}"
+            f"halo={self.halo!r}, checkpoint_chunk={self.checkpoint_chunk}"
         )
 
     # ---------------------------------------------------------------- spec
@@ -655,6 +684,32 @@ def _refresh_ghost_rows(module: Any, args: Any, output: torch.Tensor) -> torch.T
     if current_dd_context().layout is None:
         return None
     return refresh_neighbors(output)
+
+
+def _checkpoint_edges(model: torch.nn.Module, setting: bool | int) -> int | None:
+    """Set fairchem's activation-checkpoint chunk (edges) on every edge-wise module
+    of ``model`` from the ``activation_checkpointing=`` setting; return it (None: off)."""
+    chunk: int | None = None
+    if setting is True:
+        escn = fairchem_module(_BACKBONE.rpartition(".")[0])
+        default = getattr(escn, "ESCNMD_DEFAULT_EDGE_ACTIVATION_CHECKPOINT_CHUNK_SIZE", None)
+        chunk = int(default or _CHUNK_FALLBACK)
+    elif not isinstance(setting, bool) and isinstance(setting, int) and setting > 0:
+        chunk = int(setting)
+    elif setting is not False:
+        raise config_error(
+            "UMAModel: activation_checkpointing= is True, False or a positive number of "
+            f"edges per chunk, got {setting!r}"
+        )
+    owners = [m for m in model.modules() if hasattr(m, _CHUNK_ATTR)]
+    if chunk is not None and not owners:
+        raise config_error(
+            "UMAModel: this fairchem backbone has no activation-checkpointed edge modules "
+            f"(no {_CHUNK_ATTR!r}); pass activation_checkpointing=False"
+        )
+    for module in owners:
+        setattr(module, _CHUNK_ATTR, chunk)
+    return chunk
 
 
 def _nonlocal_parts(backbone: Any) -> str | None:
