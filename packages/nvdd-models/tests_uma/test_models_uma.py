@@ -390,6 +390,52 @@ def test_activation_checkpoint_chunks_change_nothing() -> None:
     assert any(p.requires_grad for p in _model(freeze=False).hydra.parameters())
 
 
+def test_uma_checks_atomic_numbers_once_not_on_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 37 item 3: no host read of the wrapper's own in a step, even one that
+    rebuilds the neighbour list (skin 0.3, every atom moved 0.43 A). On a fake
+    accelerator (nvdd.testing) the recorder logs nothing from _uma.py but the
+    fairchem backbone's call (its task embedding's own reads); the rebuild's
+    search is logged (the recorder is not blind). The wrapper calls no
+    torch.bincount (a read of the maximum on CUDA, which the recorder does not
+    see). A batch with new atomic numbers
+    is checked once: an element outside the model's range is refused, naming the
+    value, the rows and the rank."""
+    _fairchem()
+    from nvdd.testing import fake_accelerator, record_host_syncs, to_fake
+
+    model = _model(seed=2)
+    batch = oxide((3, 3, 3))
+    with fake_accelerator() as device:
+        fake = to_fake(batch)
+        model.to(device)
+        model(fake)
+        callers: list[str] = []
+        bincount = torch.bincount
+
+        def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+            callers.append(sys._getframe(1).f_code.co_filename)
+            return bincount(*args, **kwargs)
+
+        monkeypatch.setattr(torch, "bincount", counted)
+        with record_host_syncs() as log:
+            model(fake.replace(positions=fake.positions + 0.25))
+        monkeypatch.undo()
+        assert not [c for c in callers if c.endswith("_uma.py")], callers
+        assert model.neighbors.rebuilt and model.neighbors.n_builds == 2
+        assert any("(_search_all)" in entry for entry in log), log
+        ours = [e for e in log if "_uma.py" in e and "(_atom_energies)" not in e]
+        assert ours == [], ours
+        z = fake.atomic_numbers.clone()
+        z[[3, 5]] = torch.tensor([0, 25], device=device)
+        with pytest.raises(
+            ValidationError,
+            match=r"numbers \[0, 25\] outside 1..19 \(rows \[3, 5\] of 27 on rank 0",
+        ):
+            model(fake.replace(atomic_numbers=z))
+
+
 def test_without_fairchem_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fairchem (its import fails): an OptionalDependencyError naming the extra."""
     for name in [m for m in sys.modules if m == "fairchem" or m.startswith("fairchem.")]:

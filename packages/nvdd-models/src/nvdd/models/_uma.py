@@ -49,7 +49,15 @@ from typing import Any, cast
 
 import torch
 
-from nvdd.core import Batch, ModelOutputs, ValidationError, all_reduce, import_optional
+from nvdd.core import (
+    Batch,
+    ModelOutputs,
+    TensorMemo,
+    ValidationError,
+    all_reduce,
+    get_rank,
+    import_optional,
+)
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import energy_scope, halo_spec
 from nvdd.models._forces import outputs_by_autograd
@@ -327,6 +335,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         # a merged model checks the whole system's composition on its first forward
         # under DD (armed here and by distributed_setup; one all-reduce, then off)
         self._composition_pending = self.merged_composition is not None
+        # the atomic numbers / system index last checked (see _check)
+        self._checked: tuple[TensorMemo, TensorMemo, bool] | None = None
 
     # ------------------------------------------------------------- building
     def _merge(self, backbone: Any, whole: Batch) -> Any:
@@ -527,38 +537,55 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
 
     # ------------------------------------------------------------- physics
     def _check(self, batch: Batch) -> None:
+        """The batch's dtype (every call, on the host), and its atomic numbers and
+        (a merged mixture, whole batch) composition: those read the device, so
+        only on the first sight of an ``atomic_numbers`` / ``system_index``
+        tensor (by identity and version: a step keeps them, a halo rebuild or a
+        new batch brings new ones), never on a steady step."""
         if batch.dtype != self.dtype:
             raise ValidationError(
                 f"batch is {batch.dtype} but the UMA parameters are {self.dtype}; "
                 f"convert one of them (UMAModel(..., dtype={batch.dtype}) or "
                 f"batch.to(dtype={self.dtype}))"
             )
-        z = batch.atomic_numbers
+        whole = current_dd_context().layout is None
+        z, system = batch.atomic_numbers, batch.system_index
+        seen = self._checked
+        if seen is not None and seen[0].same(z) and seen[1].same(system) and seen[2] == whole:
+            return
+        self._checked = None
         n = int(self.backbone.max_num_elements)
-        if bool(((z < 1) | (z >= n)).any()):
-            bad = sorted({int(v) for v in z[(z < 1) | (z >= n)].tolist()})
-            raise ValidationError(f"UMAModel: atomic numbers {bad} outside 1..{n - 1}")
+        outside = (z < 1) | (z >= n)
+        if bool(outside.any()):
+            bad = sorted({int(v) for v in z[outside].tolist()})
+            rows = outside.nonzero().squeeze(1)[:8].tolist()
+            raise ValidationError(
+                f"UMAModel: atomic numbers {bad} outside 1..{n - 1} (rows {rows} of "
+                f"{int(z.shape[0])} on rank {get_rank()})"
+            )
         merged = self.merged_composition
-        if merged is not None and current_dd_context().layout is None:  # a whole batch
+        if merged is not None and whole:  # a whole batch
             reduced = _reduced_compositions(batch).to(merged.device)
             if not torch.allclose(reduced, merged.expand_as(reduced), rtol=1e-12, atol=0.0):
                 raise ValidationError(
                     "UMAModel: the mixture-of-experts backbone was merged for another "
                     "composition (merge_for=); merge it for this system"
                 )
+        memos = (TensorMemo(), TensorMemo())
+        memos[0].remember(z)
+        memos[1].remember(system)
+        self._checked = (memos[0], memos[1], whole)
 
     def graph(self, batch: Batch, positions: torch.Tensor) -> dict[str, Any]:
         """The backbone's input dict for ``batch`` at ``positions`` (differentiable
         in them): nvdd's edges, grouped by system as fairchem expects."""
+        self._check(batch)
         n_receivers = self._refreshed_rows()
         edges = self.neighbors.for_batch(batch, n_receivers=n_receivers)
-        if self.neighbors.rebuilt:
-            self._check(batch)
         n_sys = batch.n_systems
         if n_sys > 1:
             order = torch.argsort(batch.system_index.index_select(0, edges.receivers), stable=True)
             edges = edges.select(order)
-        counts = torch.bincount(batch.system_index, minlength=n_sys)
         per_edge = batch.system_index.index_select(0, edges.receivers)
         dev = positions.device
         return _GraphDict(
@@ -566,8 +593,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             pos=positions,
             cell=batch.cell.detach(),
             batch=batch.system_index,
-            natoms=counts,
-            nedges=torch.bincount(per_edge, minlength=n_sys),
+            natoms=_per_system(batch.system_index, n_sys),
+            nedges=_per_system(per_edge, n_sys),
             edge_index=torch.stack([edges.senders, edges.receivers]),
             cell_offsets=edges.shifts,
             charge=torch.full((n_sys,), self.charge, dtype=torch.long, device=dev),
@@ -606,8 +633,9 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         ValidationError
             On a dtype mismatch, an atomic number outside the model's range, a
             whole batch (outside DD) of another composition than the one a
-            mixture-of-experts backbone was merged for (checked when the
-            neighbour list is rebuilt; under DD by :meth:`check_composition`,
+            mixture-of-experts backbone was merged for (checked on the first
+            sight of the batch's ``atomic_numbers`` and ``system_index``
+            tensors, never on a steady step; under DD by :meth:`check_composition`,
             on every rank), or fairchem's own graph parallelism
             initialised in this process.
         """
@@ -653,6 +681,15 @@ def _class(path: str) -> Any:
     """The fairchem class at ``module.Name`` (the extra's hint if missing)."""
     module, _, name = path.rpartition(".")
     return getattr(fairchem_module(module), name)
+
+
+def _per_system(index: torch.Tensor, n_systems: int) -> torch.Tensor:
+    """How many entries of ``index`` name each system (int64, ``(n_systems,)``),
+    without a host read (``torch.bincount`` reads the maximum back on CUDA)."""
+    if n_systems == 1:
+        return torch.full((1,), index.shape[0], dtype=torch.long, device=index.device)
+    counts = torch.zeros(n_systems, dtype=torch.long, device=index.device)
+    return counts.index_add_(0, index, torch.ones_like(index, dtype=torch.long))
 
 
 def _reduced_compositions(batch: Batch) -> torch.Tensor:
