@@ -12,6 +12,9 @@ and the SAME file is loaded by every leg:
   state, energy/forces tasks), on the silica-like O/Si box of ``bench_mace.py``.
   nvdd: ``UMAModel.from_checkpoint``; peer: ``fairchem.core.calculate.torchsim_interface.
   FairChemModel`` (fairchem's batch predictor, its own radius graph every step).
+  ``--uma-checkpoint on|off|EDGES``: nvdd's ``UMAModel(activation_checkpointing=)``
+  (default ``on``: fairchem's chunk of 131,072 edges, what the peer runs; fewer
+  edges per chunk, less memory, for the largest-system search).
 - ``--model aimnet2``: aimnet's AIMNet2 (its shipped ``aimnet2.yaml`` shape without
   its Coulomb output: an embedded short-range one would make aimnet's calculator add
   its own long-range sum, which nvdd's wrapper does not) in an aimnet v2 ``.pt`` file, on a periodic box of water
@@ -225,6 +228,7 @@ def measure(
     warmup: int,
     device: str,
     skin: float,
+    uma_checkpoint: bool | int = True,
 ) -> dict[str, Any]:
     """One leg with the model of the file ``path``: nvdd's ``plain`` or ``dd1``
     (``UMAModel.from_checkpoint`` / ``AIMNet2Model.from_file``), or the ``peer``:
@@ -246,7 +250,14 @@ def measure(
     elif model_name == "uma":
         from nvdd.models import UMAModel
 
-        model = UMAModel.from_checkpoint(path, task=UMA_TASK, dtype=dtype, device=device, skin=skin)
+        model = UMAModel.from_checkpoint(
+            path,
+            task=UMA_TASK,
+            dtype=dtype,
+            device=device,
+            skin=skin,
+            activation_checkpointing=uma_checkpoint,
+        )
     else:
         from nvdd.models import AIMNet2Model
 
@@ -261,13 +272,31 @@ def one(args: argparse.Namespace, path: str, leg: str, k: int, phase: str) -> di
     timed = phase == "timed"
     steps, warmup = (args.steps, args.warmup) if timed else (args.search_steps, args.search_warmup)
     fargs = (leg, args.model, path, dims, args.dtype, steps, warmup, args.device, args.skin)
+    fargs += (args.uma_checkpoint,)
     return run_leg(args, leg, phase, atoms_of(args.model, dims), steps, warmup, measure, fargs)
+
+
+def uma_checkpoint(value: str) -> bool | int:
+    """``--uma-checkpoint``: ``on`` (fairchem's chunk), ``off``, or edges per chunk,
+    as ``UMAModel(activation_checkpointing=)`` takes it."""
+    if value in ("on", "off"):
+        return value == "on"
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"on, off or a positive number of edges, not {value!r}")
+    return int(value)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, choices=["uma", "aimnet2"])
     p.add_argument("--size", default="small", choices=["tiny", "small"])
+    p.add_argument(
+        "--uma-checkpoint",
+        default="on",
+        type=uma_checkpoint,
+        help="nvdd's UMA activation checkpointing: on (fairchem's 131,072-edge chunks, "
+        "as torch-sim runs it), off, or edges per chunk (fewer: less memory)",
+    )
     add_run_options(p, list(LEGS), ["dd1", "peer"], 0, "")
     args = parse_run(p, argv, LEGS, 3)
     if not args.cells:
