@@ -35,6 +35,9 @@ Usage::
     python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --out-dir $OUT
     # CPU check of the nvdd legs (tiny model and system)
     python benchmarks/bench_peer_models.py --model aimnet2 --device cpu --quick --out-dir /tmp/pm
+    # AIMNet2's padder headroom of before record 0085, nvdd legs only (compare in one run)
+    python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --legs plain dd1 \
+        --search-legs --aimnet-pad-growth 1.25 --name aimnet2-pad125 --out-dir $OUT
 
 This is not a test; ratios measured within one run are the result.
 """
@@ -229,10 +232,12 @@ def measure(
     device: str,
     skin: float,
     uma_checkpoint: bool | int = True,
+    pad_growth: float = 1.0,
 ) -> dict[str, Any]:
     """One leg with the model of the file ``path``: nvdd's ``plain`` or ``dd1``
-    (``UMAModel.from_checkpoint`` / ``AIMNet2Model.from_file``), or the ``peer``:
-    torch-sim's NVE loop with the model package's own torch-sim interface."""
+    (``UMAModel.from_checkpoint`` / ``AIMNet2Model.from_file``, its padder's growth
+    ``pad_growth``), or the ``peer``: torch-sim's NVE loop with the model package's
+    own torch-sim interface."""
     device = prepare(device)
     dtype = getattr(torch, dtype_name)
     batch = system(model_name, dims, dtype, device)
@@ -261,7 +266,10 @@ def measure(
     else:
         from nvdd.models import AIMNet2Model
 
-        model = AIMNet2Model.from_file(path, dtype=dtype, device=device, skin=skin)
+        model = AIMNet2Model.from_file(
+            path, dtype=dtype, device=device, skin=skin, pad_growth=pad_growth
+        )
+        return {**run_md(leg, model, batch, steps, warmup, device, skin), "pad_growth": pad_growth}
     if leg == "peer":
         return run_torchsim(model, batch, steps, warmup)
     return run_md(leg, model, batch, steps, warmup, device, skin)
@@ -272,7 +280,7 @@ def one(args: argparse.Namespace, path: str, leg: str, k: int, phase: str) -> di
     timed = phase == "timed"
     steps, warmup = (args.steps, args.warmup) if timed else (args.search_steps, args.search_warmup)
     fargs = (leg, args.model, path, dims, args.dtype, steps, warmup, args.device, args.skin)
-    fargs += (args.uma_checkpoint,)
+    fargs += (args.uma_checkpoint, args.aimnet_pad_growth)
     return run_leg(args, leg, phase, atoms_of(args.model, dims), steps, warmup, measure, fargs)
 
 
@@ -298,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         "as torch-sim runs it), off, or edges per chunk (fewer: less memory)",
     )
     add_run_options(p, list(LEGS), ["dd1", "peer"], 0, "")
+    p.add_argument(
+        "--aimnet-pad-growth",
+        type=float,
+        default=1.0,
+        help="AIMNet2Model(pad_growth=): 1.0 pads the neighbour matrix to what the batch "
+        "needs; 1.25 is the padder's default headroom (a quarter more rows and slots), "
+        "the wrapper's setting before record 0085",
+    )
     args = parse_run(p, argv, LEGS, 3)
     if not args.cells:
         args.cells = 20 if args.model == "uma" else 16  # 8,000 atoms / 12,288 atoms

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError
+from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, ValidationError
 from nvdd.spec import StrategyKind
 from nvdd.testing import assert_dd_equivalent, importorskip_extra, run_ranks
 
@@ -289,6 +289,74 @@ def test_global_terms_it_cannot_split_are_refused() -> None:
     }
     with pytest.raises(ConfigurationError, match=r"'lrcoulomb' \(LRCoulomb\).*all pairs"):
         AIMNet2Model.from_config(config)
+
+
+def _sync_sites(log: list[str]) -> list[str]:
+    """``package/file (function)`` of each host synchronisation in a record_host_syncs
+    log (its entries end ``at package/file:line (function)``)."""
+    out = []
+    for entry in log:
+        where = entry.split(" at ")[-1]
+        out.append(f"{where.split(':')[0]} {where.split(' ')[-1]}")
+    return out
+
+
+def test_steady_steps_read_the_device_only_where_the_neighbour_matrix_needs_it() -> None:
+    """On a (fake) accelerator a steady MD step reads the device only at the Verlet
+    list's skin check, its filter at the cutoff, the matrix's width and aimnet's own
+    molecule count (calc_masks): the padder's index checks (5 reads a step) and the
+    element check are not in it. The elements are checked once per atomic-numbers
+    tensor (a new batch or partition; also with skin 0, where the neighbour list is
+    rebuilt every step), and an in-place change is checked again, the error naming
+    the value and the rank."""
+    from nvdd.dynamics import VelocityVerlet
+    from nvdd.models import AIMNet2Model
+    from nvdd.testing import fake_accelerator, record_host_syncs
+
+    base = _model()
+    with fake_accelerator() as dev:
+        for skin in (0.3, 0.0):
+            model = AIMNet2Model(copy.deepcopy(base.aimnet), skin=skin, device=dev)
+            dyn = VelocityVerlet(model, oxide((3, 3, 3)).to(dev), dt_fs=0.5)
+            dyn.run(2)
+            with record_host_syncs() as log:
+                dyn.run(1)
+            sites = _sync_sites(log)
+            assert not [s for s in sites if "(_check" in s or s.startswith("padding/")], sites
+            if skin > 0:  # (no rebuild: only these, and aimnet's own reads in _run)
+                want = {
+                    "models/_verlet.py (_needs_rebuild)",
+                    "models/_neighbors.py (select)",
+                    "models/_aimnet2.py (_dense)",
+                    "models/_aimnet2.py (inputs)",  # aimnet's calc_masks
+                    "models/_aimnet2.py (_run)",  # aimnet's forward (fake-device constants)
+                }
+                assert set(sites) <= want and len(sites) <= 6, sites
+        batch = oxide((3, 3, 3)).to(dev)
+        model(batch)
+        batch.atomic_numbers[4] = 99  # in place: a new version of the same tensor
+        with pytest.raises(ValidationError, match=r"rank 0\): atomic numbers \[99\]"):
+            model(batch)
+
+
+def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
+    """The padded input has the batch's rows plus aimnet's padding row and as many
+    neighbour slots as the widest row (as aimnet's calculator builds it), not a
+    quarter more of each; pad_growth > 1 leaves that headroom on request."""
+    from nvdd.models import AIMNet2Model
+
+    model = _model()
+    batch = oxide((4, 3, 3))
+    data = model.inputs(batch, batch.positions)
+    real = data["nbmat"][:-1] < batch.n_atoms
+    assert tuple(data["nbmat"].shape) == (batch.n_atoms + 1, int(real.sum(1).max()))
+    roomy = AIMNet2Model(copy.deepcopy(model.aimnet), skin=0.3, pad_growth=1.25)
+    wide = roomy.inputs(batch, batch.positions)["nbmat"]
+    assert wide.shape[0] >= 1.25 * (batch.n_atoms + 1) and wide.shape[1] > real.sum(1).max()
+    got, ref = model(batch), roomy(batch)
+    assert float((got["forces"] - ref["forces"]).abs().max()) < 1e-10
+    with pytest.raises(ConfigurationError, match="pad_growth"):
+        AIMNet2Model(copy.deepcopy(model.aimnet), pad_growth=0.5)
 
 
 def _global_sum_rank() -> None:

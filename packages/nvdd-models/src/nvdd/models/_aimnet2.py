@@ -6,7 +6,9 @@ every system stacked along one axis, followed by a padding atom that is the
 slots hold that last row; the per-slot image shifts; a molecule index
 ``mol_idx``. That layout is exactly what :class:`nvdd.padding.DenseBatchPadder`
 produces (padding atoms in a padding system, unused slots ``atom_cap - 1``),
-so the wrapper builds it from its Verlet list through the padder.
+so the wrapper builds it from its Verlet list through the padder, sized to fit
+the batch (growth ``pad_growth``, default 1.0: every padding row and slot is
+computed by the model; record 0085).
 
 The model runs in two parts, both aimnet's own modules:
 
@@ -58,7 +60,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from nvdd.core import Batch, ModelOutputs, ValidationError, all_reduce, import_optional
+from nvdd.core import (
+    Batch,
+    ModelOutputs,
+    TensorMemo,
+    ValidationError,
+    all_reduce,
+    get_rank,
+    import_optional,
+)
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._verlet import VerletList
 from nvdd.padding import DenseBatchGraph, DenseBatchPadder
@@ -246,6 +256,13 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         Move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
+    pad_growth:
+        Growth factor (>= 1) of :attr:`padder`'s capacities. The default 1.0 pads
+        the matrix to what the batch needs (its rows plus the padding row, the
+        widest row's neighbours; grow-only), so AIMNet2 runs on as many rows and
+        slots as aimnet's own calculator gives it; a larger factor leaves headroom
+        (e.g. 1.25: a quarter more rows and slots, every one computed), which
+        only a shape-specialised compiled or captured forward would use.
 
     Attributes
     ----------
@@ -275,12 +292,17 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         skin: float = 0.0,
+        pad_growth: float = 1.0,
     ) -> None:
         super().__init__()
         models = aimnet_module("aimnet.models")
         if not isinstance(model, models.AIMNet2):
             raise config_error(f"AIMNet2Model wraps an aimnet AIMNet2, got {type(model).__name__}")
         check_positive("skin", skin, allow_zero=True)
+        if isinstance(pad_growth, bool) or not (
+            isinstance(pad_growth, int | float) and 1.0 <= pad_growth < float("inf")
+        ):
+            raise config_error(f"pad_growth must be a finite number >= 1, got {pad_growth!r}")
         if dtype is not None and dtype not in (torch.float32, torch.float64):
             raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         inner: Any = model
@@ -304,7 +326,10 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         self.coulomb_neighbors = (
             VerletList(self.coulomb_cutoff, skin) if self.coulomb_cutoff is not None else None
         )
+        self.pad_growth = float(pad_growth)
         self._padder: DenseBatchPadder | None = None
+        # the atomic numbers last checked against the embedding (see _check_elements)
+        self._checked_numbers = TensorMemo()
         # the elements of its embedding (index 0 is padding)
         self._n_types = int(inner.afv.num_embeddings)
 
@@ -346,9 +371,19 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     # ---------------------------------------------------------- properties
     @property
     def padder(self) -> DenseBatchPadder:
-        """The :class:`~nvdd.padding.DenseBatchPadder` of the neighbour matrix."""
+        """The :class:`~nvdd.padding.DenseBatchPadder` of the neighbour matrix: growth
+        :attr:`pad_growth`, capacities rounded to 1 (no multiple-of-8 slack), and no
+        index checks (the matrix is the wrapper's own, valid by construction; the
+        checks read the device on every step)."""
         if self._padder is None:
-            self._padder = DenseBatchPadder(name="aimnet2", atom_fill={"atomic_numbers": 0})
+            self._padder = DenseBatchPadder(
+                name="aimnet2",
+                atom_fill={"atomic_numbers": 0},
+                growth=self.pad_growth,
+                atom_multiple=1,
+                neighbor_multiple=1,
+                check_indices=False,
+            )
         return self._padder
 
     @property
@@ -388,20 +423,30 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
 
     # ------------------------------------------------------------- physics
     def _check(self, batch: Batch) -> None:
+        """The batch's dtype (every call, on the host) and its elements
+        (:meth:`_check_elements`)."""
         if batch.dtype != self.dtype:
             raise ValidationError(
                 f"batch is {batch.dtype} but the AIMNet2 parameters are {self.dtype}; "
                 f"convert one of them (AIMNet2Model(..., dtype={batch.dtype}) or "
                 f"batch.to(dtype={self.dtype}))"
             )
-        z = batch.atomic_numbers
+        self._check_elements(batch.atomic_numbers)
+
+    def _check_elements(self, z: torch.Tensor) -> None:
+        """Every atomic number in the embedding (``1 .. n_types - 1``), read from the
+        device only when ``z`` is not the tensor last checked (a new batch, a new
+        partition or a runtime rebuild: one host read then, none in steady steps)."""
+        if self._checked_numbers.same(z):
+            return
         bad = (z < 1) | (z >= self._n_types)
         if bool(bad.any()):
             zs = sorted({int(v) for v in z[bad].tolist()})
             raise ValidationError(
-                f"AIMNet2Model: atomic numbers {zs} are outside the model's embedding "
-                f"(1..{self._n_types - 1})"
+                f"AIMNet2Model (rank {get_rank()}): atomic numbers {zs} are outside the "
+                f"model's embedding (1..{self._n_types - 1})"
             )
+        self._checked_numbers.remember(z)
 
     def inputs(self, batch: Batch, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """AIMNet2's prepared input dict (nb_mode 1) for ``batch`` at ``positions``.
@@ -410,9 +455,8 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         atom); ``mol_idx`` is the row (per-atom outputs); differentiable in
         ``positions``.
         """
+        self._check(batch)
         edges = self.neighbors.for_batch(batch)
-        if self.neighbors.rebuilt:
-            self._check(batch)
         matrix, counts, vectors = _dense(edges, batch, positions, fill=0)
         graph = DenseBatchGraph(
             neighbors=matrix,
@@ -535,7 +579,8 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         ------
         ValidationError
             On a dtype mismatch or an element outside the model's embedding
-            (checked when the neighbour list is rebuilt), or a total charge
+            (checked when ``batch.atomic_numbers`` is a tensor not checked before:
+            a new batch or partition, never in steady steps), or a total charge
             (``batch.system_extras["charge"]``) of the wrong shape.
         """
         given = batch.positions.requires_grad
