@@ -303,8 +303,8 @@ def _sync_sites(log: list[str]) -> list[str]:
 
 def test_steady_steps_read_the_device_only_where_the_neighbour_matrix_needs_it() -> None:
     """On a (fake) accelerator a steady MD step reads the device only at the Verlet
-    list's skin check, its filter at the cutoff, the matrix's width and aimnet's own
-    molecule count (calc_masks): the padder's index checks (5 reads a step) and the
+    list's skin check, its filter at the cutoff and the matrix's width: the padder's
+    index checks (5 reads a step), aimnet's molecule count (calc_masks) and the
     element check are not in it. The elements are checked once per atomic-numbers
     tensor (a new batch or partition; also with skin 0, where the neighbour list is
     rebuilt every step), and an in-place change is checked again, the error naming
@@ -328,10 +328,9 @@ def test_steady_steps_read_the_device_only_where_the_neighbour_matrix_needs_it()
                     "models/_verlet.py (_needs_rebuild)",
                     "models/_neighbors.py (select)",
                     "models/_aimnet2.py (_dense)",
-                    "models/_aimnet2.py (inputs)",  # aimnet's calc_masks
                     "models/_aimnet2.py (_run)",  # aimnet's forward (fake-device constants)
                 }
-                assert set(sites) <= want and len(sites) <= 6, sites
+                assert set(sites) <= want and len(sites) <= 5, sites
         batch = oxide((3, 3, 3)).to(dev)
         model(batch)
         batch.atomic_numbers[4] = 99  # in place: a new version of the same tensor
@@ -342,7 +341,11 @@ def test_steady_steps_read_the_device_only_where_the_neighbour_matrix_needs_it()
 def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
     """The padded input has the batch's rows plus aimnet's padding row and as many
     neighbour slots as the widest row (as aimnet's calculator builds it), not a
-    quarter more of each; pad_growth > 1 leaves that headroom on request."""
+    quarter more of each; pad_growth > 1 leaves that headroom on request. The masks
+    and molecule layout the wrapper sets itself (without calc_masks' host read) are
+    aimnet's calc_masks' for the same input, with a DSF Coulomb matrix too."""
+    from aimnet import nbops
+
     from nvdd.models import AIMNet2Model
 
     model = _model()
@@ -350,6 +353,21 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
     data = model.inputs(batch, batch.positions)
     real = data["nbmat"][:-1] < batch.n_atoms
     assert tuple(data["nbmat"].shape) == (batch.n_atoms + 1, int(real.sum(1).max()))
+    config = copy.deepcopy(CONFIG)
+    config["kwargs"]["outputs"]["lrcoulomb"] = {
+        "class": "aimnet.modules.LRCoulomb",
+        "kwargs": {"rc": 2.25, "method": "dsf", "dsf_rc": 3.5, "key_in": "charges"},
+    }
+    dsf = AIMNet2Model.from_config(config, dtype=torch.float64, skin=0.3)
+    for got in (data, dsf.inputs(batch, batch.positions)):
+        made = ("mask_i", "_input_padded", "_num_mol", "mol_sizes", "_natom", "_nb_mode")
+        plain = {k: v for k, v in got.items() if k not in made and not k.startswith("mask_ij")}
+        plain["mol_idx"] = torch.arange(batch.n_atoms + 1)
+        ref = nbops.calc_masks(nbops.set_nb_mode(plain))
+        assert "nbmat_coulomb" in got or got is data
+        assert set(ref) == set(got)
+        for key, value in ref.items():
+            assert torch.equal(value, got[key]), key
     roomy = AIMNet2Model(copy.deepcopy(model.aimnet), skin=0.3, pad_growth=1.25)
     wide = roomy.inputs(batch, batch.positions)["nbmat"]
     assert wide.shape[0] >= 1.25 * (batch.n_atoms + 1) and wide.shape[1] > real.sum(1).max()

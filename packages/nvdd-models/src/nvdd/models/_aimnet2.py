@@ -330,6 +330,9 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         self._padder: DenseBatchPadder | None = None
         # the atomic numbers last checked against the embedding (see _check_elements)
         self._checked_numbers = TensorMemo()
+        # (rows, device, dtype) and the input tensors of that layout (see _layout)
+        self._layout_cache: tuple[tuple[int, torch.device, torch.dtype], dict[str, Any]] | None
+        self._layout_cache = None
         # the elements of its embedding (index 0 is padding)
         self._n_types = int(inner.afv.num_embeddings)
 
@@ -366,6 +369,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         starts from small capacities)."""
         state = dict(self.__dict__)
         state["_padder"] = None
+        state["_layout_cache"] = None
         return state
 
     # ---------------------------------------------------------- properties
@@ -473,9 +477,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             "numbers": padded.atom_fields["atomic_numbers"].to(torch.int64),
             "nbmat": padded.neighbors.to(torch.int32),
             "shifts": padded.neighbor_fields["shifts"],
-            "cell": torch.eye(3, dtype=positions.dtype, device=positions.device),
-            "mol_idx": torch.arange(rows, device=positions.device),
-            "charge": positions.new_zeros(rows - 1),
+            **self._layout(rows, positions),
         }
         if self.coulomb_neighbors is not None:  # DSF's list, padded to the same rows
             near, _, near_shifts = _dense(
@@ -488,7 +490,43 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             data["shifts_coulomb"] = torch.cat([near_shifts, near_shifts.new_zeros(rows - n, k, 3)])
         nbops = aimnet_module("aimnet.nbops")
         data = nbops.set_nb_mode(data)
-        return cast(dict[str, torch.Tensor], nbops.calc_masks(data))
+        if rows < 2:  # (no real row: aimnet's own preparation reads nothing from the device)
+            return cast(dict[str, torch.Tensor], nbops.calc_masks(data))
+        # aimnet's calc_masks (nb_mode 1) without its host read: it counts the molecules
+        # as the largest mol_idx + 1 (read from the device: rows - 1 here) and folds the
+        # padding row into the last molecule (the _layout's mol_idx already does).
+        # mask_i, mol_sizes and _natom are the layout's; only the pair masks are new.
+        for suffix in ("", "_lr", "_coulomb", "_dftd3"):
+            if f"nbmat{suffix}" in data:
+                data[f"mask_ij{suffix}"] = data[f"nbmat{suffix}"] == rows - 1
+        data["_input_padded"] = torch.tensor(True)
+        data["_num_mol"] = torch.tensor(rows - 1)
+        return data
+
+    def _layout(self, rows: int, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The input tensors that depend only on the row count (cached for the last
+        one): the identity ``cell``, each row its own molecule (``mol_idx``; the
+        padding row folded into the last, as aimnet's ``calc_masks`` does), zero
+        ``charge`` per molecule (the wrapper supplies the systems' totals itself),
+        and aimnet's ``mask_i``, ``mol_sizes`` and ``_natom`` for that layout."""
+        key = (rows, positions.device, positions.dtype)
+        if self._layout_cache is not None and self._layout_cache[0] == key:
+            return self._layout_cache[1]
+        dev = positions.device
+        mol_idx = torch.arange(rows, device=dev)
+        if rows > 1:
+            mol_idx[-1] = rows - 2
+        sizes = torch.ones(rows - 1, dtype=torch.int64, device=dev)
+        fixed = {
+            "cell": torch.eye(3, dtype=positions.dtype, device=dev),
+            "mol_idx": mol_idx,
+            "charge": positions.new_zeros(rows - 1),
+            "mask_i": torch.arange(rows, device=dev) == rows - 1,
+            "mol_sizes": sizes,
+            "_natom": sizes,
+        }
+        self._layout_cache = (key, fixed)
+        return fixed
 
     def _sums(self, batch: Batch, rows: int) -> tuple[Callable[..., Any], torch.Tensor]:
         """The equalisation's per-system sum and each padded row's system
