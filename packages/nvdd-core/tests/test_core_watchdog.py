@@ -142,3 +142,23 @@ def test_watchdog_timeout_from_argument_environment_or_default(
     off = Watchdog(0)
     assert not off.enabled and off.start() is off and not off.running  # disabled: no thread
     assert Watchdog(5).progress() == {} and "timeout_s=5" in repr(Watchdog(5))
+
+
+def test_a_step_beat_written_inline_is_a_beat() -> None:
+    """A loop's inline progress (``step_beat``'s fields, no call) reads as a beat
+    when it is newer than the last ``beat``: its label, the plain allowance
+    (not a set-up one), and one more beat; a later ``beat`` takes over again."""
+    import json
+
+    wd = Watchdog(30.0)
+    wd.beat("partitioned", allow_s=600.0)
+    assert (wd._label, wd._allow, wd._beats) == ("partitioned", 600.0, 1)
+    b = wd.step_beat
+    b.step, b.stage = 3, "after_step"
+    b.count += 1
+    b.at = time.monotonic()
+    entry = json.loads(wd._entry())
+    assert (entry["label"], entry["beats"]) == ("step 3 after_step", 2)
+    assert wd._allow == 30.0 and wd._last == b.at and entry["idle_s"] < 5.0
+    wd.beat("gather")
+    assert (wd._label, wd._beats) == ("gather", 3)

@@ -41,3 +41,22 @@ def test_partition_adopts_a_sharded_batch_only_with_the_model_ghost_width() -> N
             assert torch.isfinite(dp.gather(0).forces).all()  # type: ignore[union-attr]
     finally:
         shutdown_distributed()  # the world of one this process created
+
+
+def test_domain_parallel_steps_beat_its_watchdog_inline() -> None:
+    """Every hook stage of a decomposed step beats the watchdog through its
+    ``step_beat`` fields (no call into the watchdog): the label names the step
+    and stage reached, one beat per stage."""
+    dyn = VelocityVerlet(SoftPair(), gas(n=12), dt_fs=1.0)
+    dp = DomainParallel(dyn, DomainConfig(cutoff=2.5, skin=0.4), watchdog_s=0)
+    try:
+        with dp:
+            dp.partition()
+            assert dp.step_state is not None and dp.step_state.progress is dp.watchdog.step_beat
+            dp.run(2)
+            beat = dp.watchdog.step_beat
+            stages = [s for s in HookStage if s is not HookStage.ON_CONVERGE]
+            assert (beat.step, beat.stage, beat.count) == (2, "after_step", 2 * len(stages))
+            assert dp.watchdog._label == "step 2 after_step"
+    finally:
+        shutdown_distributed()  # the world of one this process created

@@ -248,6 +248,34 @@ def test_model_inputs_are_checked_against_the_layout() -> None:
     assert out["forces"].shape == layout.batch.positions.shape
 
 
+def test_a_steady_call_with_the_checked_inputs_checks_nothing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under DD the local input checks run at a new topology and again only for
+    inputs other than those checked there: a steady step of the runtime (new
+    positions, the same pbc and system index) checks nothing; a malformed batch
+    at the same topology still raises."""
+    from nvdd.models import _dd
+
+    calls: list[int] = []
+    real = _dd.check_geometry
+    monkeypatch.setattr(_dd, "check_geometry", lambda *a: calls.append(1) or real(*a))
+    full = global_batch("periodic-2", "lj")
+    layout = ghost_layout(full, torch.arange(full.n_atoms), 2.5)
+    halo = SelfImageLayout(layout.n_owned, layout.source[layout.n_owned :])
+    model, batch = make_model("lj"), layout.batch
+    with dd_scope(DDContext(layout=halo)):
+        model(batch)
+        assert len(calls) == 1  # (a new topology)
+        for k in range(2):  # steady steps: new positions of the same shape
+            model(batch.replace(positions=batch.positions + 0.001 * (k + 1)))
+        assert len(calls) == 1
+        model(batch.replace(system_index=batch.system_index.clone()))  # another tensor
+        assert len(calls) == 2
+        with pytest.raises(ValidationError, match=r"rank 0: positions has shape"):
+            model(batch.replace(positions=batch.positions[:, :2], validate=False))
+
+
 class _LeavesAxes:
     """A halo layout that leaves y and z to the model (``periodic_axes``)."""
 

@@ -56,6 +56,25 @@ WATCHDOG_ENV = "NVDD_WATCHDOG_S"
 WATCHDOG_EXIT_CODE = 75
 
 _generation = itertools.count()
+
+
+class StepBeat:
+    """Progress a loop records without calling the watchdog (a step beats at
+    every hook stage: fields are cheaper than calls). The loop sets, in this
+    order, ``step``, ``stage`` (a label), ``count += 1`` and last ``at =
+    time.monotonic()``; the :class:`Watchdog` that holds it (``step_beat``)
+    reads that as a :meth:`Watchdog.beat` labelled ``"step {step} {stage}"``
+    (allowance: the timeout) whenever it is newer than the last ``beat``."""
+
+    __slots__ = ("at", "count", "stage", "step")
+
+    def __init__(self) -> None:
+        self.at = -math.inf
+        self.count = 0
+        self.step = 0
+        self.stage = ""
+
+
 _current: list[Watchdog] = []
 _LIBRARY_DIRS = (os.sep + "torch" + os.sep, os.sep + "threading.py")
 
@@ -176,10 +195,12 @@ class Watchdog:
         self._on_timeout = on_timeout
         self._store = store
         self._gen = next(_generation)
-        self._beats = 0
-        self._label = "started"
-        self._last = time.monotonic()
-        self._allow = self.timeout_s
+        self._own_beats = 0
+        self._own_label = "started"
+        self._own_last = time.monotonic()
+        self._own_allow = self.timeout_s
+        #: Progress a step writes inline (see :class:`StepBeat`), read as a beat.
+        self.step_beat = StepBeat()
         self._pulse = 0
         self._stopped = False
         self._stop = threading.Event()
@@ -232,7 +253,7 @@ class Watchdog:
             if self._group
             else list(range(dist.get_world_size()))
         )
-        self._last = time.monotonic()
+        self._own_last = time.monotonic()
         self._publish()
         self._thread = threading.Thread(
             target=self._run, name=f"nvdd-watchdog-{self._rank}", daemon=True
@@ -249,7 +270,8 @@ class Watchdog:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
-            self._label, self._stopped = f"finished after {self._label!r}", True
+            self._own_label, self._stopped = f"finished after {self._label!r}", True
+            self._own_last = max(self._own_last, self.step_beat.at)
             with contextlib.suppress(Exception):
                 self._publish()
         with contextlib.suppress(ValueError):
@@ -263,10 +285,28 @@ class Watchdog:
         next beat, for a phase known to be long (a first compiled forward).
         Cheap: no I/O, no collective.
         """
-        self._beats += 1
-        self._label = label
-        self._allow = self.timeout_s if allow_s is None else max(self.timeout_s, float(allow_s))
-        self._last = time.monotonic()
+        self._own_beats += 1
+        self._own_label = label
+        self._own_allow = self.timeout_s if allow_s is None else max(self.timeout_s, float(allow_s))
+        self._own_last = time.monotonic()
+
+    # the newer of the last beat() and the step's inline beat (StepBeat)
+    @property
+    def _last(self) -> float:
+        return max(self._own_last, self.step_beat.at)
+
+    @property
+    def _allow(self) -> float:
+        return self.timeout_s if self.step_beat.at > self._own_last else self._own_allow
+
+    @property
+    def _label(self) -> str:
+        b = self.step_beat
+        return f"step {b.step} {b.stage}" if b.at > self._own_last else self._own_label
+
+    @property
+    def _beats(self) -> int:
+        return self._own_beats + self.step_beat.count
 
     def __enter__(self) -> Watchdog:
         return self.start()

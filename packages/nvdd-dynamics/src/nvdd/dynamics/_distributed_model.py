@@ -382,21 +382,23 @@ class DistributedModel(ProviderBase):
         elif not isinstance(part, SpatialPartitioner):  # index blocks: displacements only
             d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
             moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
+        elif self._cell_at_build.same(batch.cell):  # the build's cell, unmodified:
+            # plain displacements (skin_exceeded's same_cell test, without its cell algebra)
+            u = pos.to(torch.float64) - ref.to(torch.float64)
+            moved = ((u * u).sum(dim=1) > (0.5 * skin) ** 2).any().to(torch.int32)
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
             if self._ref_domain is None or self._ref_domain[0] is not part:  # once per build
                 reach = self.ghost_width - self.config.hysteresis - skin
                 self._ref_domain = (part, part.domain_cell(ref_cell), reach)
             _, ref_dom, reach = self._ref_domain
-            same = self._cell_at_build.same(batch.cell)  # the build's cell, unmodified
             moved = skin_exceeded(
                 pos,
                 ref,
                 batch.system_index,
                 ref_dom,
-                ref_dom if same else part.domain_cell(batch.cell),
+                part.domain_cell(batch.cell),
                 cutoff=reach,
                 skin=skin,
-                same_cell=same,
             ).to(torch.int32)
         return decision_code(moved, model_flag, batch, sharded.group, self._reduce_on)
 

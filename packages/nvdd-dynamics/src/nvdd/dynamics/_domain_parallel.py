@@ -14,7 +14,6 @@ computation.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -84,18 +83,6 @@ def _forces_stale_after(dyn: BaseDynamics, stage: HookStage) -> None:
     computes them at the positions it returns."""
     if stage in (HookStage.AFTER_PRE_UPDATE, HookStage.BEFORE_COMPUTE):
         dyn.step_state.forces_ready = False
-
-
-def _stage_beat(dp: DomainParallel) -> Callable[[int, str], None]:
-    """The heartbeat that beats ``dp``'s watchdog at every stage of every step."""
-    wd = dp.watchdog
-    # Until the first step starts, the first forces are computed (compiled, maybe).
-    wd.beat("partitioned", allow_s=SETUP_ALLOWANCE_S if dp.config.compile else None)
-
-    def beat(step: int, phase: str) -> None:
-        wd.beat(f"step {step} {phase}")
-
-    return beat
 
 
 class DomainParallel:
@@ -245,13 +232,18 @@ class DomainParallel:
             state = self._scatter(batch, ghost_width)
         self.model.attach(state)
         self._sharded = state
-        # the integrator's batch IS the sharded batch from now on
+        # Until the first step starts, the first forces are computed (compiled, maybe).
+        self.watchdog.beat(
+            "partitioned", allow_s=SETUP_ALLOWANCE_S if self.config.compile else None
+        )
+        # the integrator's batch IS the sharded batch from now on; every stage of
+        # every step beats the watchdog (its step_beat's fields)
         self.step_state = StepState(
             state,
             self.model,
             MeshReducer(self.group, totals=self.model.pending),
             self._run_hooks,
-            _stage_beat(self),
+            progress=self.watchdog.step_beat,
         )
         self.dynamics.graphs.drop("DomainParallel.partition")  # a captured step used the old wiring
         self.dynamics.bind(self.step_state)

@@ -35,11 +35,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, ModelOutputs, ValidationError, get_rank
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    ModelOutputs,
+    ValidationError,
+    can_capture,
+    get_rank,
+)
 from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookStage
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
     "Reducer",
     "Segments",
     "StateOwner",
+    "StepProgress",
     "StepState",
     "compute",
     "compute_forces",
@@ -169,6 +178,16 @@ class PhasedProvider(CapturableSteps, Protocol):
     def close(self, st: StepState) -> None: ...
 
 
+class StepProgress(Protocol):
+    """Where a step writes its progress for a watchdog (``nvdd.core``'s
+    ``StepBeat``): the step and stage it reached, a count, and when."""
+
+    step: int
+    stage: str
+    count: int
+    at: float
+
+
 class StateOwner(Protocol):
     """Holds an integrator's atom state (``local_batch``, read and written).
 
@@ -201,7 +220,10 @@ class StepState:
         Runs the due hooks of a stage (scopes, gathers and agreement under DD).
     heartbeat:
         Called with ``(step_count, phase)`` at every hook stage, and again after
-        due hooks ran (``"<stage> hooks done"``): a watchdog's progress beats.
+        due hooks ran (``"<stage> hooks done"``): progress beats for the caller.
+    progress:
+        A watchdog's :class:`~nvdd.core._watchdog.StepBeat` (``DomainParallel``'s):
+        the same beats, written into its fields (no call).
     forces_ready:
         Forces at the current positions are in the batch (the first step does
         not compute them again).
@@ -219,6 +241,7 @@ class StepState:
     reducer: Reducer
     run_hooks: HookRunner
     heartbeat: Callable[[int, str], None] | None = None
+    progress: StepProgress | None = None
     forces_ready: bool = False
     padded: Any = None
     raw: Any = None
@@ -267,7 +290,8 @@ def step(dyn: Integrator, st: StepState) -> None:
     """
     ensure_forces(dyn, st)
     fire(dyn, st, HookStage.BEFORE_STEP)
-    if not dyn.graphs.run_step(st, steady_segments):  # steady: the segments below, replayed
+    # steady: the segments below, replayed (a device that cannot capture never asks)
+    if not (can_capture(st.batch.device) and dyn.graphs.run_step(st, steady_segments)):
         fire(dyn, st, HookStage.BEFORE_PRE_UPDATE)
         dyn.pre_update()  # integrate, first half
         fire(dyn, st, HookStage.AFTER_PRE_UPDATE)
@@ -431,14 +455,23 @@ def _store(dyn: Integrator, st: StepState, out: ModelOutputs) -> None:
 
 
 def fire(dyn: Integrator, st: StepState, stage: HookStage) -> None:
-    """Beat the heartbeat and run the hooks of ``stage`` that are due."""
-    beat = st.heartbeat
+    """Beat (the watchdog's progress, the heartbeat) and run the hooks of
+    ``stage`` that are due."""
+    progress, beat = st.progress, st.heartbeat
+    if progress is not None:  # (fields, not a call: the watchdog reads them)
+        progress.step, progress.stage = dyn.step_count, stage.value
+        progress.count += 1
+        progress.at = monotonic()
     if beat is not None:
         beat(dyn.step_count, stage.value)
     due = [h for h in dyn.hooks if h.stage is stage and h.due(dyn.step_count)]
     if due:
         _check_per_atom_needs(dyn, st, stage, due)
         st.run_hooks(dyn, stage, due)
+        if progress is not None:
+            progress.step, progress.stage = dyn.step_count, f"{stage.value} hooks done"
+            progress.count += 1
+            progress.at = monotonic()
         if beat is not None:
             beat(dyn.step_count, f"{stage.value} hooks done")
 

@@ -37,8 +37,7 @@ from nvdd.models._coulomb_config import COULOMB_EV_A
 from nvdd.models._dd import HaloModelMixin, InputGate, prepare_rows
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._nvalchemi import elec, launch_scope, to_wp, warp, wp_types
-from nvdd.models._reduce import system_energy
-from nvdd.models._stress import cell_volume, stress_from_virial
+from nvdd.models._reduce import cell_volume, stress_from_virial, system_energy
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import Scope, current_dd_context, sum_over_ranks
 from nvdd.spec import GlobalCoupling, MLIPSpec

@@ -137,6 +137,9 @@ class InputGate:
         self._layout: Callable[[], Any] | None = None
         self._version: int | None = None
         self.generation = 0
+        # the tensors (pbc, system index) and the metadata of the inputs last
+        # checked at this topology: the same again needs no local check
+        self._inputs: tuple[Any, ...] | None = None
 
     def __getstate__(self) -> dict[str, int]:
         # A weak reference does not pickle (torch.save of a whole model, deepcopy):
@@ -151,6 +154,25 @@ class InputGate:
         """Forget the last topology (the next DD call checks collectively again)."""
         self._layout = None
         self._version = None
+        self._inputs = None
+
+    def checked(self, batch: Batch, n_receivers: int | None) -> bool:
+        """Whether ``batch`` is, for the local checks of :func:`prepare_rows`, the
+        input last checked at this topology: the same ``pbc`` and
+        ``system_index`` tensors, positions and cell of the same shape, dtype
+        and device, the same ``n_receivers`` (a steady step of the runtime: only
+        the positions' values and the cell's change)."""
+        held = self._inputs
+        return (
+            held is not None
+            and held[0] is batch.pbc
+            and held[1] is batch.system_index
+            and held[2:] == _metadata(batch, n_receivers)
+        )
+
+    def remember(self, batch: Batch, n_receivers: int | None) -> None:
+        """Record ``batch`` as checked at this topology (see :meth:`checked`)."""
+        self._inputs = (batch.pbc, batch.system_index, *_metadata(batch, n_receivers))
 
     def is_new(self, ctx: DDContext) -> bool:
         """Whether ``ctx`` describes a topology not checked yet (no communication)."""
@@ -166,6 +188,12 @@ class InputGate:
             self._layout = lambda: layout
         self._version = ctx.topology_version
         self.generation += 1
+
+
+def _metadata(batch: Batch, n_receivers: int | None) -> tuple[object, ...]:
+    pos, cell = batch.positions, batch.cell
+    return (type(pos), pos.shape, pos.dtype, pos.device, type(cell), cell.shape, cell.dtype,
+            cell.device, n_receivers)  # fmt: skip
 
 
 def _rows_problem(batch: Batch, n_receivers: int | None, n_owned: int, n_padded: int) -> str | None:
@@ -224,7 +252,9 @@ def prepare_rows(
     n_receivers:
         The caller's receiver bound (``None``: every row, or under DD the owned rows).
     shape_check:
-        The model's host-side checks (dtypes): cheap, run on every call.
+        The model's host-side checks (dtypes): cheap, run on every call
+        outside DD; under DD with :func:`check_geometry`, at a new topology and
+        whenever the inputs are not those last checked (:meth:`InputGate.checked`).
     data_check:
         The model's checks that read tensor values (species): once per topology
         under DD, on every call otherwise.
@@ -250,7 +280,9 @@ def prepare_rows(
     Under DD this function also checks the geometry, the rows against the
     layout and (once per topology) the system indices and open boundaries, so
     that malformed input is reported on every rank instead of by the neighbour
-    list of one rank.
+    list of one rank (which then need not check the geometry again). A steady
+    step of the runtime hands the inputs checked last (the same ``pbc`` and
+    ``system_index``, new positions of the same shape): nothing is checked again.
     """
     ctx = current_dd_context()
     layout = ctx.layout
@@ -258,23 +290,30 @@ def prepare_rows(
         fail(shape_check())
         fail(data_check())
         return n_receivers, None
-    message = (
+    if gate.is_new(ctx):
+        message = _local_problem(batch, n_receivers, layout, shape_check) or (
+            data_check()
+            or check_system_index(batch.system_index, batch.n_systems)
+            or _open_boundary_problem(layout, batch.pbc)
+        )
+        raise_if_any_rank(message, ctx.group, exc_type=ValidationError)
+        gate.accept(ctx)
+        gate.remember(batch, n_receivers)
+    elif not gate.checked(batch, n_receivers):  # (the inputs checked: nothing to redo)
+        fail(_local_problem(batch, n_receivers, layout, shape_check))
+        gate.remember(batch, n_receivers)
+    return layout.n_owned, gate.generation
+
+
+def _local_problem(
+    batch: Batch, n_receivers: int | None, layout: Any, shape_check: Check
+) -> str | None:
+    """The checks of :func:`prepare_rows` that read no tensor values."""
+    return (
         shape_check()
         or check_geometry(batch.positions, batch.cell, batch.pbc, batch.system_index)
         or _rows_problem(batch, n_receivers, layout.n_owned, layout.n_padded)
     )
-    if gate.is_new(ctx):
-        if message is None:
-            message = (
-                data_check()
-                or check_system_index(batch.system_index, batch.n_systems)
-                or _open_boundary_problem(layout, batch.pbc)
-            )
-        raise_if_any_rank(message, ctx.group, exc_type=ValidationError)
-        gate.accept(ctx)
-    else:
-        fail(message)
-    return layout.n_owned, gate.generation
 
 
 class HaloModelMixin(BaseModelMixin):

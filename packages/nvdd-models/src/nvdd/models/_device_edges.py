@@ -35,8 +35,7 @@ import torch
 
 from nvdd.core import CaptureError, ValidationError, capturing
 from nvdd.models import _edge_kernels as ek
-from nvdd.models._device_buffers import NeighborMatrix
-from nvdd.models._device_neighbors import DeviceVerletList
+from nvdd.models._device_neighbors import DeviceVerletList, NeighborMatrix
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._warp import Kernel, declare_overloads
 

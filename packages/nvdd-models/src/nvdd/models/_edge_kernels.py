@@ -1,7 +1,7 @@
 """Warp kernels that compact a neighbour matrix into COO edges within a cutoff
 (device code only; host: ``_device_edges``).
 
-Two passes over the rows of a :class:`~nvdd.models._device_buffers.NeighborMatrix`:
+Two passes over the rows of a :class:`~nvdd.models._device_neighbors.NeighborMatrix`:
 :func:`count_edges_kernel` counts each row's entries inside the cutoff at the
 current positions (and flags rows whose candidates did not fit the matrix);
 after a prefix sum of the counts (torch), :func:`write_edges_kernel` writes each

@@ -21,8 +21,7 @@ from collections.abc import Callable
 import torch
 
 from nvdd.core import ModelOutputs
-from nvdd.models._reduce import system_energy
-from nvdd.models._stress import apply_strain, stress_from_virial
+from nvdd.models._reduce import apply_strain, stress_from_virial, system_energy
 from nvdd.shardtensor import Scope, autograd_target, current_dd_context
 
 __all__ = ["AtomEnergyFn", "outputs_by_autograd"]

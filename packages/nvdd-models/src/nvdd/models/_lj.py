@@ -38,19 +38,17 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ModelOutputs, ValidationError, sum_by_system
+from nvdd.core import Batch, ModelOutputs, TensorMemo, ValidationError, sum_by_system
 from nvdd.models._cell_kernels import MAX_SYSTEMS
 from nvdd.models._checks import fail
 from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, prepare_rows
-from nvdd.models._device_buffers import NeighborMatrix, TensorMemo
-from nvdd.models._device_neighbors import DeviceVerletList
+from nvdd.models._device_neighbors import DeviceVerletList, NeighborMatrix
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig
 from nvdd.models._lj_kernels import lj_atom_virial_kernel, lj_kernel
 from nvdd.models._neighbors import EdgeList
-from nvdd.models._reduce import system_energy, system_outer_sum
+from nvdd.models._reduce import stress_from_virial, system_energy, system_outer_sum
 from nvdd.models._species import check_species
-from nvdd.models._stress import stress_from_virial
 from nvdd.models._verlet import VerletList
 from nvdd.models._warp import Kernel, declare_overloads
 from nvdd.shardtensor import Scope, current_dd_context
@@ -455,6 +453,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             topology=topology,
             # a new DD topology had its system indices checked just now (one read fewer)
             validated=self._dd_gate.generation != checked,
+            checked=distributed,  # (prepare_rows checked the geometry under DD)
         )
         tables = warp.tables(
             self.epsilon_table, self.sigma_table, self.shift_table, pos.dtype, pos.device
@@ -678,8 +677,9 @@ def virial_by_system(
 
     ``system_index`` covers at least the ``n_rows`` first rows.
     """
-    voigt = sum_by_system(rows, system_index[: rows.shape[0]], n_systems)
-    return voigt_to_matrices(voigt)
+    if n_systems == 1:  # (sum_by_system's own one-system sum; no index slice)
+        return voigt_to_matrices(rows.sum(dim=0, keepdim=True))
+    return voigt_to_matrices(sum_by_system(rows, system_index[: rows.shape[0]], n_systems))
 
 
 def voigt_to_matrices(voigt: torch.Tensor) -> torch.Tensor:

@@ -182,9 +182,9 @@ class IndexShardedBatch(OwnedRows):
         group: ProcessGroup | None,
         mesh: DeviceMesh | None,
     ) -> None:
-        self._local = local
+        self.local_batch = local
         self._partitioner = partitioner
-        self._group = group
+        self.group = group
         self._mesh = mesh
 
     @classmethod
@@ -299,7 +299,7 @@ class IndexShardedBatch(OwnedRows):
     def __repr__(self) -> str:
         return (
             f"IndexShardedBatch(rank={self.rank}, world_size={self.world_size}, "
-            f"bounds={self.bounds}, n_atoms={self.n_atoms}, n_systems={self._local.n_systems})"
+            f"bounds={self.bounds}, n_atoms={self.n_atoms}, n_systems={self.local_batch.n_systems})"
         )
 
     # -------------------------------------------------------------- gathering
@@ -308,11 +308,11 @@ class IndexShardedBatch(OwnedRows):
 
         **Collective** over :attr:`group` (one packed reshard to ``dst``).
         """
-        return gather_to(self._local, dst, self._group)
+        return gather_to(self.local_batch, dst, self.group)
 
     def to_global(self) -> Batch:
         """The whole batch, in atom-id order, on every rank.
 
         **Collective** over :attr:`group` (one packed exchange, O(N) per rank).
         """
-        return gather_to_all(self._local, self._group)
+        return gather_to_all(self.local_batch, self.group)

@@ -15,31 +15,24 @@ __all__ = ["OwnedRows"]
 
 class OwnedRows:
     """Base of :class:`ShardedBatch` and :class:`IndexShardedBatch`: this rank's owned
-    rows (``_local``), its process group (``_group``) and mesh (``_mesh``)."""
+    rows, its process group and mesh.
 
-    __slots__ = ("_group", "_local", "_mesh")
-    _local: Batch
-    _group: ProcessGroup | None
+    Attributes
+    ----------
+    local_batch:
+        This rank's owned atoms and every system's fields. The one owner of
+        this rank's atom state under ``DomainParallel`` (the integrator reads
+        and writes its ``batch`` here; a step reads it several times, so it is
+        a plain attribute). Assigning replaces the owned rows without a check
+        (local).
+    group:
+        The process group (None: the default group).
+    """
+
+    __slots__ = ("_mesh", "group", "local_batch")
+    local_batch: Batch
+    group: ProcessGroup | None
     _mesh: DeviceMesh | None
-
-    @property
-    def local_batch(self) -> Batch:
-        """This rank's owned atoms and every system's fields.
-
-        The one owner of this rank's atom state under ``DomainParallel`` (the
-        integrator reads and writes its ``batch`` here). Assigning replaces the
-        owned rows without a check (local).
-        """
-        return self._local
-
-    @local_batch.setter
-    def local_batch(self, batch: Batch) -> None:
-        self._local = batch
-
-    @property
-    def group(self) -> ProcessGroup | None:
-        """The process group (None: the default group)."""
-        return self._group
 
     @property
     def mesh(self) -> DeviceMesh | None:
@@ -49,14 +42,14 @@ class OwnedRows:
     @property
     def rank(self) -> int:
         """This rank in :attr:`group`."""
-        return get_rank(self._group)
+        return get_rank(self.group)
 
     @property
     def world_size(self) -> int:
         """Number of ranks in :attr:`group`."""
-        return get_world_size(self._group)
+        return get_world_size(self.group)
 
     @property
     def n_owned(self) -> int:
         """Atoms owned by this rank."""
-        return self._local.n_atoms
+        return self.local_batch.n_atoms

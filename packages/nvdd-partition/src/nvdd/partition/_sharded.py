@@ -87,7 +87,9 @@ class ShardedBatch(OwnedRows):
     call :meth:`migrate` for that.
     """
 
-    __slots__ = ("_counts", "_last", "_partitioner")
+    __slots__ = ("_counts", "_last", "partitioner")
+    #: The partitioner (identical on every rank; :meth:`rebalance` replaces it).
+    partitioner: SpatialPartitioner
 
     def __init__(
         self,
@@ -134,9 +136,9 @@ class ShardedBatch(OwnedRows):
         mesh: DeviceMesh | None,
         counts: tuple[int, ...],
     ) -> None:
-        self._local = local
-        self._partitioner = partitioner
-        self._group = group
+        self.local_batch = local
+        self.partitioner = partitioner
+        self.group = group
         self._mesh = mesh
         self._counts = counts
         self._last: MigrationStats | None = None
@@ -236,11 +238,6 @@ class ShardedBatch(OwnedRows):
     # ------------------------------------------------------------------ basics
 
     @property
-    def partitioner(self) -> SpatialPartitioner:
-        """The partitioner (identical on every rank)."""
-        return self._partitioner
-
-    @property
     def n_atoms(self) -> int:
         """Atoms over all ranks."""
         return sum(self._counts)
@@ -263,7 +260,7 @@ class ShardedBatch(OwnedRows):
     def __repr__(self) -> str:
         return (
             f"ShardedBatch(rank={self.rank}, world_size={self.world_size}, "
-            f"n_owned={self.n_owned}, n_atoms={self.n_atoms}, n_systems={self._local.n_systems}, "
+            f"n_owned={self.n_owned}, n_atoms={self.n_atoms}, n_systems={self.local_batch.n_systems}, "
             f"imbalance={self.imbalance:.3f})"
         )
 
@@ -275,7 +272,7 @@ class ShardedBatch(OwnedRows):
         ``dst``. One packed ``reshard_by_destination`` of every per-atom field to
         ``dst``; system fields are ``dst``'s copies.
         """
-        return gather_to(self._local, dst, self._group)
+        return gather_to(self.local_batch, dst, self.group)
 
     def to_global(self) -> Batch:
         """The whole batch, in atom-id order, on every rank.
@@ -284,7 +281,7 @@ class ShardedBatch(OwnedRows):
         exchange in which every rank sends its rows to every rank (O(N) memory
         per rank, as the result).
         """
-        return gather_to_all(self._local, self._group)
+        return gather_to_all(self.local_batch, self.group)
 
     # --------------------------------------------------------------- updating
     def update_from_batch(self, batch: Batch, *, check: bool = True) -> None:
@@ -297,13 +294,13 @@ class ShardedBatch(OwnedRows):
         ``check=False`` it is local and trusts the caller.
         """
         if check:
-            raise_if_any_rank(self._update_problem(batch), self._group)
-        self._local = batch
+            raise_if_any_rank(self._update_problem(batch), self.group)
+        self.local_batch = batch
 
     def _update_problem(self, batch: object) -> str | None:
         if not isinstance(batch, Batch):
             return f"update_from_batch needs a Batch, got {type(batch).__name__}"
-        local = self._local
+        local = self.local_batch
         if batch.n_atoms != local.n_atoms or batch.n_systems != local.n_systems:
             return (
                 f"update_from_batch: batch has {batch.n_atoms} atoms in {batch.n_systems} "
@@ -344,10 +341,10 @@ class ShardedBatch(OwnedRows):
             On every rank together, if any rank has non-finite positions; or
             (with ``require_nondegenerate``) when a rank is left without atoms.
         """
-        part, group = self._partitioner, self._group
+        part, group = self.partitioner, self.group
         h = part.check_hysteresis(hysteresis)
         world, rank = self.world_size, self.rank
-        local = self._local
+        local = self.local_batch
         pos, si, cell = local.positions, local.system_index, local.cell
         bad = ~torch.isfinite(pos).all(dim=1)
         # every atom's destination (non-finite rows kept in place): no host read
@@ -375,9 +372,9 @@ class ShardedBatch(OwnedRows):
             fields = local.atom_fields()
             fields["positions"] = wrapped
             rows = reshard(fields, dest, group)
-            self._local = local.with_atom_fields(rows)
+            self.local_batch = local.with_atom_fields(rows)
         else:
-            self._local = local.replace(positions=wrapped)
+            self.local_batch = local.replace(positions=wrapped)
         self._counts = counts
         kept = local.n_atoms - n_sent
         self._last = MigrationStats(
@@ -412,12 +409,12 @@ class ShardedBatch(OwnedRows):
         MigrationStats
             Of the migration to the new boxes.
         """
-        world, rank, group = self.world_size, self.rank, self._group
+        world, rank, group = self.world_size, self.rank, self.group
         if not 0 <= src < world:
             raise ConfigurationError(f"rank {rank}: src {src} is outside [0, {world})")
-        part = self._partitioner
+        part = self.partitioner
         h = part.check_hysteresis(hysteresis)
-        local = self._local
+        local = self.local_batch
         dest = torch.full((local.n_atoms,), src, dtype=torch.int64, device=local.device)
         pos = local.positions.detach()
         finite = bool(torch.isfinite(pos).all())
@@ -436,7 +433,7 @@ class ShardedBatch(OwnedRows):
         verdict = broadcast_object(problem, src, group)
         if verdict is not None:
             raise ERRORS[verdict[0]](verdict[1])
-        self._partitioner = SpatialPartitioner.broadcast(new, src, group)
+        self.partitioner = SpatialPartitioner.broadcast(new, src, group)
         return self.migrate(h)
 
 
