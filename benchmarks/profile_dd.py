@@ -273,7 +273,7 @@ _RANGES = (
     ("nvdd.models._device_neighbors", "DeviceVerletList._allocate", "list allocate"),
     ("nvdd.models._device_neighbors", "DeviceVerletList._launch_chain", "list launch chain"),
     ("nvdd.models._device_neighbors", "_check_system_range", "list system range"),
-    ("nvdd.halo._exchange", "Route.sorted_on", "fold order"),
+    ("nvdd.halo._plan", "Route.sorted_on", "fold order"),
     ("nvdd.halo._plan", "HaloPlan.ghost_positions", "ghost_positions"),
     ("nvdd.halo._plan", "HaloPlan.forward_many", "forward_many"),
 )

@@ -119,7 +119,7 @@ def test_a_steady_nose_hoover_step_reads_only_its_divergence_flag(integrator: st
         wrapper = [e for e in r["steady"] if " at models/" not in e]
         reads = [e for e in wrapper if "(read_decision)" in e]
         assert len(reads) == r["steps"] + 1, wrapper
-        # the decision is read in _finite.py too (read_decision): the flag is the other read
+        # the decision is read in _step.py (read_decision); the flag, in _finite.py
         at_finite = [e for e in wrapper if e.startswith("scalar read at dynamics/_finite.py")]
         flags = [e for e in at_finite if e not in reads]
         assert len(flags) == r["steps"], wrapper

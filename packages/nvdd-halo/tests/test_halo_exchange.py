@@ -116,7 +116,7 @@ def test_warp_fold_equals_index_add_bit_for_bit(
     """The CUDA fold (Warp, runs of the sorted owner rows) run on the CPU: the
     same sums as ``index_add_`` in the same order, so equal bit for bit, and
     reached through ``HaloPlan.reverse`` as on a GPU."""
-    from nvdd.halo import _exchange
+    from nvdd.halo import _plan
 
     case = make_case("single_periodic")
     plan, _ = local_plan(case, 0, dtype)
@@ -124,14 +124,14 @@ def test_warp_fold_equals_index_add_bit_for_bit(
     vals = torch.randn(plan.n_ghost, 3, generator=g, dtype=torch.float64).to(dtype)
     expect = plan.reverse(vals)  # index_add_ on the CPU
     calls: list[int] = []
-    real = _exchange._kernels.fold_rows
+    real = _plan._kernels.fold_rows
 
     def counted(*args: torch.Tensor) -> torch.Tensor:
         calls.append(int(args[1].shape[0]))
         return real(*args)
 
-    monkeypatch.setattr(_exchange, "FOLD_WITH_WARP", ("cpu", "cuda"))
-    monkeypatch.setattr(_exchange._kernels, "fold_rows", counted)
+    monkeypatch.setattr(_plan, "FOLD_WITH_WARP", ("cpu", "cuda"))
+    monkeypatch.setattr(_plan._kernels, "fold_rows", counted)
     got = plan.reverse(vals)
     assert calls == [plan.n_ghost]  # the Warp path ran, over every sent row
     assert torch.equal(got, expect)

@@ -42,17 +42,17 @@ from nvdd.core import (
 from nvdd.dynamics._compile import CompileMode, compiled_forward
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals, consolidate, extract_forces, output_rules
-from nvdd.dynamics._finite import (
+from nvdd.dynamics._provider import DDStats, ProviderBase, device_problem
+from nvdd.dynamics._receptive import check_reach, owned_energy_forces, owned_row_outputs
+from nvdd.dynamics._step import (
     MODEL_GROWS,
     REBUILD,
     STEADY,
+    StepState,
     decision_code,
     read_decision,
     reduce_device,
 )
-from nvdd.dynamics._provider import DDStats, ProviderBase, device_problem
-from nvdd.dynamics._receptive import check_reach, owned_energy_forces, owned_row_outputs
-from nvdd.dynamics._step import StepState
 from nvdd.halo import HaloPlan, build_halo_plan
 from nvdd.partition import ShardedBatch, SpatialPartitioner
 from nvdd.shardtensor import DDContext, dd_scope
@@ -357,7 +357,7 @@ class DistributedModel(ProviderBase):
 
     def _verdict_code(self, batch: Batch, model_flag: torch.Tensor | None = None) -> torch.Tensor:
         """The step's decision as a device integer, reduced over ranks (no host
-        read; the codes of ``_finite``): ``REBUILD`` when some owned atom
+        read; the codes of ``_step``): ``REBUILD`` when some owned atom
         moved more than half the skin left since the last build (the cell's
         strain eats into it; always with ``skin == 0``), ``MODEL_GROWS`` when
         ``model_flag`` is set on some rank, ``NONFINITE`` when some rank holds a

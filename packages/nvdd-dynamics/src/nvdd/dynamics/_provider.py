@@ -42,8 +42,14 @@ from nvdd.core import (
 from nvdd.dynamics._compile import CompileMode, check_compilable, compiled_graphs
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._consolidate import PendingTotals
-from nvdd.dynamics._finite import LazyFiniteCheck, decision_code, read_decision
-from nvdd.dynamics._step import Reducer, StepState, compute_forces
+from nvdd.dynamics._finite import LazyFiniteCheck
+from nvdd.dynamics._step import (
+    Reducer,
+    StepState,
+    compute_forces,
+    decision_code,
+    read_decision,
+)
 from nvdd.spec import AdapterRegistry, MLIPSpec, ModelContract, StrategyKind, as_model
 
 if TYPE_CHECKING:

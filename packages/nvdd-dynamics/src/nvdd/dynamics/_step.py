@@ -29,6 +29,18 @@ on the whole batch (``decide`` is False, ``exchange`` and ``fold`` are no-ops);
 ``partition`` to ``close``: the integrator's ``batch`` and ``reducer`` read
 the state it is bound to, and nothing of the integrator is swapped
 (``docs/decisions/0062-step-state.md``).
+
+The step's one shared decision (:func:`decision_code`, :func:`read_decision`,
+the ``decide`` phase of a decomposed step) carries a non-finite check
+(:func:`nonfinite_flag`): every rank computes a small integer on its atoms'
+device and the ranks take the maximum (one all-reduce), so every rank reads the
+same verdict and takes the same branch; the codes are ordered by priority:
+
+- :data:`STEADY` (0): the halo plan holds;
+- :data:`MODEL_GROWS` (1): some rank's model buffers overflowed (the MPNN's
+  device edges): the step runs eagerly and that rank grows; nothing migrates;
+- :data:`REBUILD` (2): some owned atom used up its skin: migrate, new plan;
+- :data:`NONFINITE` (3): some rank holds a non-finite value: every rank raises.
 """
 
 from __future__ import annotations
@@ -45,12 +57,21 @@ from nvdd.core import (
     ConfigurationError,
     ModelOutputs,
     ValidationError,
+    all_reduce,
     can_capture,
+    comm_device,
     get_rank,
+    get_world_size,
+    raise_if_any_rank,
 )
 from nvdd.dynamics._hooks import PER_ATOM_OUTPUTS, Hook, HookStage
 
 __all__ = [
+    "MAX_COORDINATE",
+    "MODEL_GROWS",
+    "NONFINITE",
+    "REBUILD",
+    "STEADY",
     "CapturableSteps",
     "ForceProvider",
     "HookRunner",
@@ -63,8 +84,13 @@ __all__ = [
     "StepState",
     "compute",
     "compute_forces",
+    "decision_code",
     "ensure_forces",
     "fire",
+    "nonfinite_flag",
+    "nonfinite_message",
+    "read_decision",
+    "reduce_device",
     "run",
     "steady_segments",
     "step",
@@ -494,3 +520,97 @@ def _check_per_atom_needs(
                 f"outputs: {sorted(dyn.outputs)}); per-atom virials come from models that "
                 "say so, e.g. LennardJones(LJConfig(..., atom_virials=True))"
             )
+
+
+# ------------------------------------------------------ non-finite values
+#: Positions beyond this many Angstrom from the origin count as a blown-up run:
+#: neighbour searches misbehave there (vesin 0.6 dies with SIGFPE on an open
+#: system with an atom 1e6 A away), so they are reported like NaN, by atom id.
+MAX_COORDINATE = 1.0e6
+
+
+def nonfinite_flag(batch: Batch) -> torch.Tensor:
+    """int32 0-dim tensor on the atoms' device: 1 if any position, velocity or
+    force is not finite (or a position lies beyond :data:`MAX_COORDINATE`),
+    else 0 (no host synchronisation)."""
+    pos = batch.positions.detach()
+    finite = (pos.abs() < MAX_COORDINATE).all()
+    for t in (batch.velocities, batch.forces):
+        finite = finite & torch.isfinite(t).all()
+    return (~finite).to(torch.int32)
+
+
+def nonfinite_message(batch: Batch) -> str | None:
+    """What is not finite on this rank (field, first atom id, value), or None
+    (host reads: for the error path, after :func:`nonfinite_flag` was set)."""
+    far = ~(batch.positions.detach().abs() < MAX_COORDINATE).all(dim=1) & torch.isfinite(
+        batch.positions
+    ).all(dim=1)
+    if bool(far.any()):
+        row = int(far.nonzero()[0, 0])
+        return (
+            f"{int(far.sum())} of {batch.n_atoms} owned atoms lie beyond {MAX_COORDINATE:g} A "
+            f"from the origin (first: atom id {int(batch.atom_ids[row])}, position "
+            f"{batch.positions[row].tolist()}): the run blew up"
+        )
+    for name in ("positions", "velocities", "forces"):
+        t = getattr(batch, name)
+        bad = ~torch.isfinite(t).all(dim=1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            return (
+                f"{int(bad.sum())} of {batch.n_atoms} owned atoms have non-finite {name} "
+                f"(first: atom id {int(batch.atom_ids[row])}, {name} {t[row].tolist()}); "
+                "the time step may be too large or the model diverged"
+            )
+    return None
+
+
+# ------------------------------------------------------ the step's decision
+#: The codes of the step's one shared decision, by priority (module notes).
+STEADY, MODEL_GROWS, REBUILD, NONFINITE = 0, 1, 2, 3
+
+
+def reduce_device(group: Any) -> torch.device | None:
+    """Where :func:`decision_code` reduces over ``group``: its collectives'
+    device, None for a group of one rank (nothing to reduce). Fixed per group:
+    a caller that decides every step asks once."""
+    return comm_device(group) if get_world_size(group) > 1 else None
+
+
+def decision_code(
+    moved: torch.Tensor,
+    model_flag: torch.Tensor | None,
+    batch: Batch,
+    group: Any,
+    on: torch.device | str | None = "ask",
+) -> torch.Tensor:
+    """The step's code, int32 ``(1,)``, reduced over ``group`` (no host read).
+
+    ``moved``: nonzero when this rank's atoms used up the skin; ``model_flag``:
+    nonzero when this rank's model buffers overflowed (None: no such model);
+    the non-finite flag of ``batch`` is added here. ``on``: the group's
+    :func:`reduce_device` when the caller knows it (default: asked here).
+
+    **Collective** over ``group`` when it has more than one rank: ONE
+    all-reduce (max) of one integer.
+    """
+    code = torch.where(moved != 0, REBUILD, STEADY).to(torch.int32)
+    if model_flag is not None:
+        code = torch.maximum(code, (model_flag.reshape(()) != 0).to(torch.int32))
+    code = torch.where(nonfinite_flag(batch) == 0, code, NONFINITE).reshape(1)
+    device = reduce_device(group) if isinstance(on, str) else on
+    if device is not None:
+        code = code.to(device)
+        all_reduce(code, "max", group)
+    return code
+
+
+def read_decision(code: torch.Tensor, batch: Batch, group: Any) -> int:
+    """The host read of :func:`decision_code`: the code, after raising on every
+    rank of ``group`` for :data:`NONFINITE` (**Collective** then: the messages
+    are gathered)."""
+    verdict = int(code.item())
+    if verdict == NONFINITE:
+        raise_if_any_rank(nonfinite_message(batch), group)
+    return verdict

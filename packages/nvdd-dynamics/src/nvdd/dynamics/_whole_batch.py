@@ -26,9 +26,8 @@ from nvdd.core import (
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward
 from nvdd.dynamics._consolidate import PendingTotals, extract_forces
-from nvdd.dynamics._finite import nonfinite_flag
 from nvdd.dynamics._provider import ProviderBase, device_problem
-from nvdd.dynamics._step import StepState
+from nvdd.dynamics._step import StepState, nonfinite_flag
 from nvdd.spec import ForceStrategy, unwrap_model
 
 if TYPE_CHECKING:

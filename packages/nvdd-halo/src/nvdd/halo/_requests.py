@@ -23,8 +23,7 @@ from nvdd.core import (
     get_world_size,
     raise_if_any_rank,
 )
-from nvdd.halo._exchange import Route
-from nvdd.halo._plan import HaloPlan
+from nvdd.halo._plan import HaloPlan, Route
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
