@@ -9,7 +9,7 @@ import torch
 
 import nvdd.dynamics
 from nvdd.core import ValidationError
-from nvdd.dynamics._consolidate import extract_forces
+from nvdd.dynamics._provider import extract_forces
 from nvdd.spec import BaseModelMixin, ForceStrategy, as_model
 
 
@@ -77,4 +77,4 @@ def test_no_other_runtime_module_differentiates_an_energy() -> None:
     force extraction with its own rules."""
     src = pathlib.Path(nvdd.dynamics.__file__).parent
     users = sorted(p.name for p in src.glob("*.py") if "autograd.grad(" in p.read_text())
-    assert users == ["_consolidate.py"]
+    assert users == ["_provider.py"]

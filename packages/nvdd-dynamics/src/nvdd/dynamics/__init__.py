@@ -21,7 +21,6 @@ from nvdd.dynamics._checkpoint import (
 )
 from nvdd.dynamics._collectives import COUNTED_COLLECTIVES, MeshReducer, count_collectives
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import PendingTotals, UndeclaredOutputWarning, consolidate
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._domain_parallel import DomainParallel
 from nvdd.dynamics._graph_partition import GraphPartitionModel
@@ -37,6 +36,7 @@ from nvdd.dynamics._nose_hoover import NoseHooverChain, StepSums, step_sums
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
 from nvdd.dynamics._nvt import NoseHooverNVT
 from nvdd.dynamics._pipeline import DistributedPipelineModel, distributed_model_for
+from nvdd.dynamics._provider import PendingTotals, UndeclaredOutputWarning, consolidate
 from nvdd.dynamics._rng import atom_normal
 from nvdd.dynamics._spec_report import describe_spec
 from nvdd.dynamics._validate import LayerDiagnostic, ValidationReport, trace_and_validate

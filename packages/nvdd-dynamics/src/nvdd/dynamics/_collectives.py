@@ -21,7 +21,7 @@ COUNTED_COLLECTIVES = COLLECTIVE_NAMES
 
 class Pending(Protocol):
     """What :class:`MeshReducer` needs of the pending per-system totals
-    (``nvdd.dynamics._consolidate.PendingTotals``)."""
+    (``nvdd.dynamics._provider.PendingTotals``)."""
 
     def partials(self) -> dict[str, torch.Tensor]:
         """The unreduced partials (no communication)."""

@@ -41,8 +41,15 @@ from nvdd.core import (
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import PendingTotals, consolidate, extract_forces, output_rules
-from nvdd.dynamics._provider import DDStats, ProviderBase, device_problem
+from nvdd.dynamics._provider import (
+    DDStats,
+    PendingTotals,
+    ProviderBase,
+    consolidate,
+    device_problem,
+    extract_forces,
+    output_rules,
+)
 from nvdd.dynamics._receptive import check_reach, owned_energy_forces, owned_row_outputs
 from nvdd.dynamics._step import (
     MODEL_GROWS,

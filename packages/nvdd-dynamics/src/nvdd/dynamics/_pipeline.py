@@ -29,10 +29,9 @@ import torch
 
 from nvdd.core import Batch, ConfigurationError, ModelOutputs
 from nvdd.dynamics._config import DomainConfig
-from nvdd.dynamics._consolidate import consolidate, extract_forces, folds_forces
 from nvdd.dynamics._distributed_model import DistributedModel, shipped_model
 from nvdd.dynamics._graph_partition import GraphPartitionModel
-from nvdd.dynamics._provider import ProviderBase
+from nvdd.dynamics._provider import ProviderBase, consolidate, extract_forces, folds_forces
 from nvdd.dynamics._step import StepState
 from nvdd.dynamics._whole_batch import WholeBatchModel
 from nvdd.shardtensor import dd_scope

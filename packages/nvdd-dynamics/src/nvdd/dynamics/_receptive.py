@@ -6,7 +6,7 @@ Under :func:`nvdd.spec.receptive_field_spec` the model runs unmodified on the
 rows included, so they are dropped; the energy is rebuilt as the per-system
 sum of owned rows' ``atom_energies`` when the model returns them. What cannot
 be rebuilt is recorded as unavailable, with the reason an explicit request
-raises (:class:`~nvdd.dynamics._consolidate.PendingTotals`).
+raises (:class:`~nvdd.dynamics._provider.PendingTotals`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nvdd.core import ConfigurationError, ValidationError
-from nvdd.dynamics._consolidate import extract_forces
+from nvdd.dynamics._provider import extract_forces
 from nvdd.spec import ForceStrategy, MLIPSpec, StrategyKind
 
 __all__ = ["check_reach", "owned_energy_forces", "owned_row_outputs"]

@@ -25,8 +25,7 @@ from nvdd.core import (
     raise_if_any_rank,
 )
 from nvdd.dynamics._compile import CompileMode, compiled_forward
-from nvdd.dynamics._consolidate import PendingTotals, extract_forces
-from nvdd.dynamics._provider import ProviderBase, device_problem
+from nvdd.dynamics._provider import PendingTotals, ProviderBase, device_problem, extract_forces
 from nvdd.dynamics._step import StepState, nonfinite_flag
 from nvdd.spec import ForceStrategy, unwrap_model
 
