@@ -251,10 +251,10 @@ def test_model_inputs_are_checked_against_the_layout() -> None:
 def test_a_steady_call_with_the_checked_inputs_checks_nothing_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Under DD the local input checks run at a new topology and again only for
-    inputs other than those checked there: a steady step of the runtime (new
-    positions, the same pbc and system index) checks nothing; a malformed batch
-    at the same topology still raises."""
+    """Under DD the geometry and row checks run at a new topology and again only
+    for inputs other than those checked there: a steady step of the runtime (new
+    positions, the same pbc and system index) does not check them again; a
+    malformed batch at the same topology still raises."""
     from nvdd.models import _dd
 
     calls: list[int] = []

@@ -252,9 +252,7 @@ def prepare_rows(
     n_receivers:
         The caller's receiver bound (``None``: every row, or under DD the owned rows).
     shape_check:
-        The model's host-side checks (dtypes): cheap, run on every call
-        outside DD; under DD with :func:`check_geometry`, at a new topology and
-        whenever the inputs are not those last checked (:meth:`InputGate.checked`).
+        The model's host-side checks (dtypes): cheap, run on every call.
     data_check:
         The model's checks that read tensor values (species): once per topology
         under DD, on every call otherwise.
@@ -282,7 +280,8 @@ def prepare_rows(
     that malformed input is reported on every rank instead of by the neighbour
     list of one rank (which then need not check the geometry again). A steady
     step of the runtime hands the inputs checked last (the same ``pbc`` and
-    ``system_index``, new positions of the same shape): nothing is checked again.
+    ``system_index``, new positions of the same shape): only ``shape_check``
+    runs again.
     """
     ctx = current_dd_context()
     layout = ctx.layout
@@ -299,9 +298,13 @@ def prepare_rows(
         raise_if_any_rank(message, ctx.group, exc_type=ValidationError)
         gate.accept(ctx)
         gate.remember(batch, n_receivers)
-    elif not gate.checked(batch, n_receivers):  # (the inputs checked: nothing to redo)
+    elif not gate.checked(batch, n_receivers):
         fail(_local_problem(batch, n_receivers, layout, shape_check))
         gate.remember(batch, n_receivers)
+    else:  # the inputs checked at this topology: only the model's own check again
+        problem = shape_check()
+        if problem is not None:
+            fail(problem)
     return layout.n_owned, gate.generation
 
 
