@@ -130,8 +130,9 @@ class DistributedModel(ProviderBase):
         self._decided: bool | None = None
         # the DD context of the current plan (without positions): see _context
         self._ctx: DDContext | None = None
-        # where the step's decision is all-reduced (None: one rank), set at attach
-        self._reduce_on: torch.device | None = None
+        # where the step's decision is all-reduced (None: one rank), set at
+        # attach; "ask": not known yet (decision_code asks the group)
+        self._reduce_on: torch.device | str | None = "ask"
 
     @property
     def plan(self) -> HaloPlan:
