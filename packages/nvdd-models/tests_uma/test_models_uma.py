@@ -329,9 +329,9 @@ def test_a_uma_step_needs_no_more_memory_than_fairchems_predictor(tmp_path: Any)
     defaults) is within 10 % of fairchem's batch predictor's (what torch-sim's
     UMA wrapper runs) for the same checkpoint and system, where the wrapper
     without activation checkpointing and with trainable weights (the old
-    defaults) needs 3x more. The defaults reach fairchem's modules: every
-    edge-wise module checkpoints chunks of fairchem's 131,072 edges, no parameter
-    requires grad."""
+    defaults) needs over 2.5x (3.2x measured). The defaults reach fairchem's
+    modules: every edge-wise module checkpoints chunks of fairchem's 131,072
+    edges, no parameter requires grad."""
     _fairchem()
     from ase import Atoms
     from fairchem.core.calculate import pretrained_mlip
@@ -369,7 +369,7 @@ def test_a_uma_step_needs_no_more_memory_than_fairchems_predictor(tmp_path: Any)
     peak_old = _peak_bytes(lambda: old(batch))
     assert float((ours - theirs).abs().max()) < 1e-4 * float(theirs.abs().max())
     assert peak_ours < 1.1 * peak_fairchem, (peak_ours, peak_fairchem)
-    assert peak_old > 3 * peak_ours, (peak_old, peak_ours)
+    assert peak_old > 2.5 * peak_ours, (peak_old, peak_ours)
 
 
 def test_activation_checkpoint_chunks_change_nothing() -> None:
