@@ -247,6 +247,9 @@ def test_verlet_reuses_below_half_skin_and_stays_exact() -> None:
         got = _search(vl, moved)
         assert not vl.rebuilt
         assert edge_set(got) == edge_set(_search(fresh, moved)) == brute_edges_batch(moved, cutoff)
+        # filtered=False: the build's candidate list itself (cutoff + skin), unfiltered
+        assert _search(vl, moved, filtered=False) is vl.candidates and not vl.rebuilt
+        assert edge_set(got) < brute_edges_batch(b, cutoff + skin) <= edge_set(vl.candidates)
     assert vl.n_builds == 1
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -70,6 +71,7 @@ from nvdd.core import (
     import_optional,
 )
 from nvdd.models._checks import check_positive, config_error
+from nvdd.models._neighbors import EdgeList
 from nvdd.models._verlet import VerletList
 from nvdd.padding import DenseBatchGraph, DenseBatchPadder
 from nvdd.shardtensor import current_dd_context
@@ -333,6 +335,8 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         # (rows, device, dtype) and the input tensors of that layout (see _layout)
         self._layout_cache: tuple[tuple[int, torch.device, torch.dtype], dict[str, Any]] | None
         self._layout_cache = None
+        # each Verlet list's candidates laid out densely (see _within), by id(list)
+        self._candidate_cache: dict[int, _Candidates] = {}
         # the elements of its embedding (index 0 is padding)
         self._n_types = int(inner.afv.num_embeddings)
 
@@ -370,6 +374,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         state = dict(self.__dict__)
         state["_padder"] = None
         state["_layout_cache"] = None
+        state["_candidate_cache"] = {}
         return state
 
     # ---------------------------------------------------------- properties
@@ -460,8 +465,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         ``positions``.
         """
         self._check(batch)
-        edges = self.neighbors.for_batch(batch)
-        matrix, counts, vectors = _dense(edges, batch, positions, fill=0)
+        matrix, counts, vectors = self._within(self.neighbors, batch, fill=0)
         graph = DenseBatchGraph(
             neighbors=matrix,
             num_neighbors=counts,
@@ -480,9 +484,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             **self._layout(rows, positions),
         }
         if self.coulomb_neighbors is not None:  # DSF's list, padded to the same rows
-            near, _, near_shifts = _dense(
-                self.coulomb_neighbors.for_batch(batch), batch, positions, fill=rows - 1
-            )
+            near, _, near_shifts = self._within(self.coulomb_neighbors, batch, fill=rows - 1)
             n, k = near.shape
             data["nbmat_coulomb"] = torch.cat([near, near.new_full((rows - n, k), rows - 1)]).to(
                 torch.int32
@@ -502,6 +504,26 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         data["_input_padded"] = torch.tensor(True)
         data["_num_mol"] = torch.tensor(rows - 1)
         return data
+
+    def _within(
+        self, verlet: VerletList, batch: Batch, *, fill: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``verlet``'s pairs within its cutoff at the batch's positions as a dense
+        ``(n_atoms, K)`` matrix (unused slots ``fill``), each row's count and the
+        slots' Cartesian image shifts ``(n_atoms, K, 3)`` (zero in unused slots).
+
+        The candidate list (``cutoff + skin``) is laid out densely once per build
+        (:func:`_candidates`); each step filters it in place and moves the kept
+        slots of a row to its front in their candidate order, so the matrix is the
+        one the filtered edge list would give, with one host read (``K``).
+        """
+        edges = verlet.for_batch(batch, filtered=False)
+        key = id(verlet)
+        cands = self._candidate_cache.get(key)
+        if cands is None or cands.source is not edges:
+            cands = _candidates(edges, batch.n_atoms)
+            self._candidate_cache[key] = cands
+        return _filter(cands, batch, verlet.cutoff, fill)
 
     def _layout(self, rows: int, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """The input tensors that depend only on the row count (cached for the last
@@ -637,26 +659,86 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         }
 
 
-def _dense(
-    edges: Any, batch: Batch, positions: torch.Tensor, *, fill: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An edge list as a dense ``(n_atoms, K)`` neighbour matrix (unused slots
-    ``fill``), the rows' neighbour counts and the slots' Cartesian image shifts
-    ``(n_atoms, K, 3)`` (zero in unused slots)."""
-    n = batch.n_atoms
+@dataclass(frozen=True, eq=False)
+class _Candidates:
+    """A Verlet candidate list laid out as a dense matrix (built once per build).
+
+    Attributes
+    ----------
+    source:
+        The candidate :class:`EdgeList` it was built from (the cache's key).
+    senders:
+        Int64 ``(n_atoms, kc)``: each row's candidates in the list's order (stable
+        by receiver); unused slots hold the row itself.
+    valid:
+        Bool ``(n_atoms, kc)``: the used slots.
+    shifts:
+        ``(n_atoms, kc, 3)`` integer image shifts (zero in unused slots), or None
+        when the list is not periodic.
+    """
+
+    source: EdgeList
+    senders: torch.Tensor
+    valid: torch.Tensor
+    shifts: torch.Tensor | None
+
+
+def _candidates(edges: EdgeList, n: int) -> _Candidates:
+    """``edges`` as a :class:`_Candidates` of ``n`` rows (one host read: the
+    widest row)."""
     order = torch.argsort(edges.receivers, stable=True)
     recv = edges.receivers.index_select(0, order)
-    send = edges.senders.index_select(0, order)
-    counts = torch.bincount(recv, minlength=n)
-    k_max = int(counts.max()) if n and recv.numel() else 0
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(recv.shape[0], device=recv.device) - starts.index_select(0, recv)
-    matrix = torch.full((n, k_max), fill, dtype=torch.int64, device=recv.device)
-    matrix[recv, slot] = send
-    shift = edges.shift_vectors(batch.cell, batch.system_index)
-    vectors = positions.new_zeros(n, k_max, 3)
-    if shift is not None:
-        vectors = vectors.index_put((recv, slot), shift.index_select(0, order))
+    dev = recv.device
+    counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(
+        0, recv, torch.ones_like(recv)
+    )
+    kc = int(counts.max()) if n and recv.numel() else 0
+    slot = torch.arange(recv.shape[0], device=dev) - (torch.cumsum(counts, 0) - counts)[recv]
+    senders = torch.arange(n, device=dev)[:, None].repeat(1, kc)
+    senders[recv, slot] = edges.senders.index_select(0, order)
+    valid = torch.zeros(n, kc, dtype=torch.bool, device=dev)
+    valid[recv, slot] = True
+    shifts = None
+    if edges.periodic:
+        shifts = torch.zeros(n, kc, 3, dtype=edges.shifts.dtype, device=dev)
+        shifts[recv, slot] = edges.shifts.index_select(0, order)
+    return _Candidates(edges, senders, valid, shifts)
+
+
+def _filter(
+    cands: _Candidates, batch: Batch, cutoff: float, fill: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The candidates within ``cutoff`` at ``batch.positions``: the dense matrix (kept
+    slots first in each row, in candidate order; unused slots ``fill``), the rows'
+    counts and the kept slots' Cartesian shifts ``S @ cell`` (differentiable in the
+    cell; zero in unused slots). The distances are ``VerletList``'s (``x[j] - x[i]
+    + S @ cell``, squared, against ``cutoff**2``). One host read: the widest row."""
+    n, kc = cands.valid.shape
+    cell = batch.cell
+    shift = None
+    if cands.shifts is not None:
+        s = cands.shifts.to(cell.dtype)
+        if cell.shape[0] == 1:
+            shift = s @ cell[0]
+        else:
+            shift = torch.bmm(s, cell.index_select(0, batch.system_index))
+    with torch.no_grad():
+        pos = batch.positions.detach()
+        r = pos.index_select(0, cands.senders.reshape(-1)).view(n, kc, 3) - pos[:, None, :]
+        if shift is not None:
+            r = r + shift.detach()
+        within = cands.valid & ((r * r).sum(dim=2) < cutoff * cutoff)
+        counts = within.sum(dim=1)
+        k = int(counts.max()) if n and kc else 0
+        # kept slots first, in candidate order (a stable sort of "not kept")
+        order = torch.argsort((~within).to(torch.int8), dim=1, stable=True)[:, :k]
+        keep = within.gather(1, order)
+        matrix = torch.where(keep, cands.senders.gather(1, order), fill)
+    if shift is None:
+        vectors = batch.positions.new_zeros(n, k, 3)
+    else:
+        picked = shift.gather(1, order[:, :, None].expand(n, k, 3))
+        vectors = torch.where(keep[:, :, None], picked, 0.0)
     return matrix, counts, vectors
 
 

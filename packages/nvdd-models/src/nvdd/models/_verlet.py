@@ -136,6 +136,7 @@ class VerletList:
         atom_ids: torch.Tensor | None = None,
         n_receivers: int | None = None,
         topology: object = None,
+        filtered: bool = True,
     ) -> EdgeList:
         """The edges within ``cutoff`` at ``positions`` (see :class:`NeighborList`).
 
@@ -151,6 +152,10 @@ class VerletList:
         topology:
             Any value compared with ``==``: a change forces a rebuild (e.g. the
             generation of a halo plan: its rows are other atoms).
+        filtered:
+            False: return the candidate list itself (every pair within ``cutoff +
+            skin`` at the last build, the same object until the next build), for a
+            caller that keeps its own layout of it and filters it at ``cutoff``.
         """
         fail(check_geometry(positions, cell, pbc, system_index))
         fail(check_receivers(n_receivers, int(positions.shape[0])))
@@ -186,14 +191,19 @@ class VerletList:
             candidates = self._candidates
             if candidates is None:  # pragma: no cover - set on the first call
                 raise RuntimeError("VerletList: no candidate list after a build")
-            if self._skin == 0.0:
+            if self._skin == 0.0 or not filtered:
                 return candidates
             r = candidates.vectors(pos, cell.detach(), system_index)
             keep = (r * r).sum(dim=1) < self._cutoff * self._cutoff
             return candidates.select(keep)
 
     def for_batch(
-        self, batch: Batch, *, n_receivers: int | None = None, topology: object = None
+        self,
+        batch: Batch,
+        *,
+        n_receivers: int | None = None,
+        topology: object = None,
+        filtered: bool = True,
     ) -> EdgeList:
         """:meth:`__call__` on ``batch``'s positions, cell, pbc, system index and
         atom ids."""
@@ -205,6 +215,7 @@ class VerletList:
             atom_ids=batch.atom_ids,
             n_receivers=n_receivers,
             topology=topology,
+            filtered=filtered,
         )
 
     def _needs_rebuild(
