@@ -350,7 +350,8 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
     from nvdd.models import AIMNet2Model, NeighborList
 
     model = _model()
-    batch = oxide((4, 3, 3))
+    other = oxide((3, 4, 3), seed=2, spacing=1.9)  # (two periodic systems, two cells)
+    batch = Batch.concatenate([oxide((4, 3, 3)), other.replace(atom_ids=other.atom_ids + 1)])
     model.inputs(batch, batch.positions)
     g = torch.Generator().manual_seed(3)
     batch = batch.replace(
@@ -363,7 +364,8 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
     real = data["nbmat"][:-1] < batch.n_atoms
     assert tuple(data["nbmat"].shape) == (batch.n_atoms + 1, int(real.sum(1).max()))
     fresh = NeighborList(model.cutoff)(batch.positions, batch.cell, batch.pbc, batch.system_index)
-    cart = fresh.shifts.to(torch.float64) @ batch.cell[0]
+    cells = batch.cell.index_select(0, batch.system_index.index_select(0, fresh.receivers))
+    cart = torch.bmm(fresh.shifts.to(torch.float64)[:, None], cells)[:, 0]
     want = sorted(
         (int(i), int(j), *(round(float(c), 9) for c in v))
         for i, j, v in zip(fresh.receivers, fresh.senders, cart, strict=True)
@@ -374,6 +376,7 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
         for i, k in zip(rows, slots, strict=True)
     )
     assert got == want and batch.n_atoms < len(got) < model.neighbors.candidates.n_edges
+    assert any(any(w[2:]) for w in want if w[0] >= 36)  # (images in the second cell)
     config = copy.deepcopy(CONFIG)
     config["kwargs"]["outputs"]["lrcoulomb"] = {
         "class": "aimnet.modules.LRCoulomb",
