@@ -47,8 +47,9 @@ derivative of their sum, ghost rows folded to their owners.
 Two things the wrapper sets itself rather than aimnet's ``prepare_input``:
 aimnet casts coordinates to the default dtype *of the moment it was
 imported* (float32, usually), so the wrapper prepares the layout with
-aimnet's own ``nbops.set_nb_mode`` / ``calc_masks`` and keeps the model's
-dtype (float64 runs in float64); and the per-system total charge comes from
+aimnet's own ``nbops.set_nb_mode`` and the masks ``calc_masks`` would set
+(without its per-call host read of the molecule count, record 0085) and keeps
+the model's dtype (float64 runs in float64); and the per-system total charge comes from
 ``batch.system_extras["charge"]`` (default 0).
 """
 
