@@ -2,17 +2,6 @@
 GraphPartitionModel (graph partition), WholeBatchModel (one rank), DomainParallel."""
 
 from nvdd.dynamics.__about__ import __version__
-from nvdd.dynamics._base import (
-    ASE_TIME_PER_FS,
-    KB_EV_PER_K,
-    PER_ATOM_OUTPUTS,
-    BaseDynamics,
-    ForceProvider,
-    HookContext,
-    ModelForceProvider,
-    Reducer,
-    StepState,
-)
 from nvdd.dynamics._checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -31,7 +20,22 @@ from nvdd.dynamics._graph_step import (
     cuda_graphs_default,
 )
 from nvdd.dynamics._hooks import Hook, HookScope, HookStage
-from nvdd.dynamics._integrators import FIRE, Langevin, VelocityVerlet, kinetic_energy, temperature
+from nvdd.dynamics._integrators import (
+    ASE_TIME_PER_FS,
+    FIRE,
+    KB_EV_PER_K,
+    PER_ATOM_OUTPUTS,
+    BaseDynamics,
+    ForceProvider,
+    HookContext,
+    Langevin,
+    ModelForceProvider,
+    Reducer,
+    StepState,
+    VelocityVerlet,
+    kinetic_energy,
+    temperature,
+)
 from nvdd.dynamics._nose_hoover import NoseHooverChain, StepSums, step_sums
 from nvdd.dynamics._npt import EV_PER_A3_PER_BAR, MTKNPT, CellDOF
 from nvdd.dynamics._nvt import NoseHooverNVT

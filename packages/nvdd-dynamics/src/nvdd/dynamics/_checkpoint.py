@@ -61,8 +61,8 @@ from nvdd.spec import StrategyKind
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from nvdd.dynamics._base import BaseDynamics
     from nvdd.dynamics._config import DomainConfig
+    from nvdd.dynamics._integrators import BaseDynamics
     from nvdd.dynamics._provider import ProviderBase
 
 __all__ = [

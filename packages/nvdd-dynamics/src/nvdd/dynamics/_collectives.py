@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from nvdd.core import COLLECTIVE_NAMES, all_reduce, comm_device, count_collectives, get_world_size
-from nvdd.dynamics._base import Reducer
+from nvdd.dynamics._step import Reducer
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

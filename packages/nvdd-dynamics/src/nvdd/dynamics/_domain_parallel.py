@@ -34,12 +34,12 @@ from nvdd.core import (
     install_teardown,
 )
 from nvdd.dynamics import _checkpoint
-from nvdd.dynamics._base import BaseDynamics, HookContext
 from nvdd.dynamics._collectives import MeshReducer
 from nvdd.dynamics._config import DomainConfig
 from nvdd.dynamics._distributed_model import DDStats, DistributedModel
 from nvdd.dynamics._graph_partition import GraphPartitionModel
 from nvdd.dynamics._hooks import Hook, HookScope, HookStage
+from nvdd.dynamics._integrators import BaseDynamics, HookContext
 from nvdd.dynamics._pipeline import distributed_model_for
 from nvdd.dynamics._provider import ProviderBase
 from nvdd.dynamics._step import StepState, run, step

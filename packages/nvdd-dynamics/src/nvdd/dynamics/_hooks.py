@@ -1,4 +1,4 @@
-"""Hook stages, scopes and registrations (the context a hook receives: ``_base``)."""
+"""Hook stages, scopes and registrations (the context a hook receives: ``_integrators``)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class Hook:
     """
 
     stage: HookStage
-    fn: Callable[[Any], Any]  # (a HookContext: see _base)
+    fn: Callable[[Any], Any]  # (a HookContext: see _integrators)
     every: int = 1
     scope: HookScope = HookScope.LOCAL
     needs: frozenset[str] = frozenset()

@@ -26,10 +26,10 @@ import numpy.typing as npt
 import torch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError, sum_by_system
-from nvdd.dynamics._base import BaseDynamics
+from nvdd.dynamics._integrators import BaseDynamics
 
 if TYPE_CHECKING:
-    from nvdd.dynamics._base import Reducer
+    from nvdd.dynamics._integrators import Reducer
 
 __all__ = ["NoseHooverChain", "StepSums", "reduce_step", "step_sums"]
 

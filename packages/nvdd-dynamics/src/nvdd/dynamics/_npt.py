@@ -46,10 +46,10 @@ from nvdd.dynamics._barostat_device import (
     cell_kick_kernel,
     propagators_kernel,
 )
-from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
 from nvdd.dynamics._finite import DivergenceFlag
 from nvdd.dynamics._hooks import Hook
+from nvdd.dynamics._integrators import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, Array, host, per_system_column, reduce_step
 
 __all__ = ["EV_PER_A3_PER_BAR", "CellDOF", "MTKNPT"]

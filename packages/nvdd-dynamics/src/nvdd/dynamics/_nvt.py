@@ -26,10 +26,10 @@ from nvdd.core import (
     ModelOutputs,
     ValidationError,
 )
-from nvdd.dynamics._base import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._chain_device import DeviceNoseHooverChain
 from nvdd.dynamics._finite import DivergenceFlag
 from nvdd.dynamics._hooks import Hook
+from nvdd.dynamics._integrators import ASE_TIME_PER_FS, KB_EV_PER_K, BaseDynamics
 from nvdd.dynamics._nose_hoover import CHAIN_FIELDS, host, per_system_column, reduce_step
 
 __all__ = ["NoseHooverNVT"]
