@@ -711,12 +711,41 @@ def step_refactor_ab(doc: dict[str, Any]) -> str:
         "MPNN in fp64) with more steps; the MPNN fp32 halo-forced row was not repeated.\n"
         "Round 3 measures the step after item 3 (CUDA-graph capture wraps the step's\n"
         "phases from outside the provider, record 0077) against the same A: every row\n"
-        "within 1.5 %, and CUDA graphs replayed as many steps on both sides.\n\n"
+        "within 1.5 %, and CUDA graphs replayed as many steps on both sides.\n"
+        + _round4(doc["rows"])
+        + "\n"
         + table(head, rows, [False, False, False, True, False, True, True, True])
         + "\n\n"
         + source(doc)
         + "\n"
     )
+
+
+def _round4(rows: list[dict[str, Any]]) -> str:
+    """Round 4's sentence (item 5's module folds against the main before them),
+    its range and any row above 1.03 read from the data."""
+    four = [r for r in rows if r["round"] == 4]
+    if not four:
+        return ""
+    ratios = [r["b_over_a"] for r in four]
+    over = [
+        f"{r['bench'].upper()} {r['run']} {short(r['dtype'])} ({num(r['b_over_a'], 3)})"
+        for r in four
+        if r["b_over_a"] > 1.03
+    ]
+    text = (
+        "Round 4 measures item 5 (record 0083's module folds: a steady step entering 17\n"
+        "project files in the LJ and MPNN rows, 16 in the MACE rows) against the main\n"
+        "before them, one run per side: B / A\n"
+        f"from {num(min(ratios), 3)} to {num(max(ratios), 3)}"
+    )
+    if over:
+        text += (
+            f"; above 1.03: {', '.join(over)}, a single run whose\n"
+            "other-precision twin moved the other way (not repeated: the session's device\n"
+            "time was spent)"
+        )
+    return text + ".\n"
 
 
 SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
