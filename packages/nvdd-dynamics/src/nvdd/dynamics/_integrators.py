@@ -106,7 +106,35 @@ class _OwnState:
         self.local_batch = batch
 
 
-class ModelForceProvider:
+class _OneCallPhases:
+    """The phases of a force computation (:mod:`nvdd.dynamics._step`) when the
+    forces come from one call (:meth:`forward`, the subclass's): nothing to start,
+    decide, rebuild, exchange or finish, and the outputs folded as they are."""
+
+    def open(self, st: StepState) -> None:
+        """Nothing to start."""
+
+    def decide(self, st: StepState) -> bool:
+        """Nothing to rebuild here (a one-call provider decides inside its call)."""
+        return False
+
+    def rebuild(self, st: StepState) -> None:
+        """Never called (:meth:`decide` is False)."""
+
+    def exchange(self, st: StepState) -> None:
+        """No ghosts here (a one-call provider exchanges inside its call)."""
+
+    def fold(self, st: StepState) -> ModelOutputs:
+        """The outputs as they are."""
+        raw: ModelOutputs = st.raw
+        st.raw = None
+        return raw
+
+    def close(self, st: StepState) -> None:
+        """Nothing to finish."""
+
+
+class ModelForceProvider(_OneCallPhases):
     """Runs a model on the whole batch in this process."""
 
     def __init__(self, model: Callable[[Batch], ModelOutputs]) -> None:
@@ -117,32 +145,10 @@ class ModelForceProvider:
     def __call__(self, batch: Batch) -> tuple[Batch, ModelOutputs]:
         return batch, self.model(batch)
 
-    # the phases of a force computation (nvdd.dynamics._step): one model call
-    def open(self, st: StepState) -> None:
-        """Nothing to start."""
-
-    def decide(self, st: StepState) -> bool:
-        """Nothing is ever rebuilt."""
-        return False
-
-    def rebuild(self, st: StepState) -> None:
-        """Never called (:meth:`decide` is False)."""
-
-    def exchange(self, st: StepState) -> None:
-        """No ghosts: nothing to exchange."""
-
+    # the one phase with work (the others: _OneCallPhases)
     def forward(self, st: StepState) -> None:
         """The model on the whole batch."""
         st.raw = self.model(st.batch)
-
-    def fold(self, st: StepState) -> ModelOutputs:
-        """No ghosts: the model's outputs as they are."""
-        raw: ModelOutputs = st.raw
-        st.raw = None
-        return raw
-
-    def close(self, st: StepState) -> None:
-        """Nothing to finish."""
 
     def graph_key(self, batch: Batch) -> Hashable | None:
         """The model's ``graph_key(batch)`` (None when it has none)."""
@@ -163,7 +169,7 @@ class ModelForceProvider:
         return bool(self.contract.take_verdict(batch))
 
 
-class _CallProvider:
+class _CallProvider(_OneCallPhases):
     """A one-call :class:`ForceProvider` (``provider(batch) -> (batch, outputs)``)
     run as the phases of a force computation. Its steps are captured only when
     it declares :class:`~nvdd.dynamics._step.CapturableSteps` (read once, here);
@@ -178,33 +184,11 @@ class _CallProvider:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["provider"], name)
 
-    def open(self, st: StepState) -> None:
-        """Nothing to start."""
-
-    def decide(self, st: StepState) -> bool:
-        """The provider decides inside its call."""
-        return False
-
-    def rebuild(self, st: StepState) -> None:
-        """Never called (:meth:`decide` is False)."""
-
-    def exchange(self, st: StepState) -> None:
-        """Inside the provider's call."""
-
     def forward(self, st: StepState) -> None:
         """The provider's call (it may return other rows: they are the owner's now)."""
         batch, st.raw = self.provider(st.batch)
         if batch is not st.owner.local_batch:
             st.owner.local_batch = batch
-
-    def fold(self, st: StepState) -> ModelOutputs:
-        """The provider's outputs as they are."""
-        raw: ModelOutputs = st.raw
-        st.raw = None
-        return raw
-
-    def close(self, st: StepState) -> None:
-        """Nothing to finish."""
 
     # what the provider declares of capture (CapturableSteps), or nothing
     def graph_key(self, batch: Batch) -> Hashable | None:
