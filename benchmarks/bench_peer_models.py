@@ -1,4 +1,4 @@
-"""Benchmark: UMA and AIMNet2 on one GPU, nvdd against the peer torch-sim (issue 37 item 3).
+"""Benchmark: UMA, AIMNet2, SevenNet on one GPU, nvdd against the peer torch-sim (issue 37).
 
 The sibling of ``bench_peer_torchsim.py`` (MACE) for the other foundation models,
 with its leg runner, largest-system search, targets and result schema. One model
@@ -21,6 +21,15 @@ and the SAME file is loaded by every leg:
   molecules at 1 g/cm^3. nvdd: ``AIMNet2Model.from_file``; peer:
   ``aimnet.calculators.aimnet2torchsim.AIMNet2TorchSim`` around an
   ``AIMNet2Calculator`` of the file (aimnet's float32 inference).
+- ``--model sevennet``: a SevenNet (``--size small``: SevenNet-0's shape, sevenn's
+  ``presets/sevennet-0.yaml``: 5 interaction layers, 128 channels, lmax 2, cutoff
+  5 A; O and Si) in a checkpoint written by sevenn's own trainer
+  (``Trainer.write_checkpoint``), on the silica-like box. Every leg builds the model
+  with ``sevenn.util.load_checkpoint(path).build_model()`` (e3nn tensor products, no
+  cuEquivariance/flashTP). nvdd: ``SevenNetModel.from_checkpoint`` (forces by
+  autograd of the per-atom energies); peer: ``torch_sim.models.sevennet.SevenNetModel``
+  (sevenn's own torch-sim interface, float32 only, torch-sim's neighbour list and
+  SevenNet's force-and-stress module).
 
 Legs: ``plain`` (nvdd ``VelocityVerlet``, one process), ``dd1`` (``DomainParallel``
 on one GPU), ``peer`` (torch-sim ``nve_init`` + ``nve_step``, 0.5 fs, the same
@@ -33,8 +42,10 @@ Usage::
 
     python benchmarks/bench_peer_models.py --model uma --device cuda --out-dir $OUT
     python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --out-dir $OUT
+    python benchmarks/bench_peer_models.py --model sevennet --device cuda --out-dir $OUT
     # CPU check of the nvdd legs (tiny model and system)
     python benchmarks/bench_peer_models.py --model aimnet2 --device cpu --quick --out-dir /tmp/pm
+    python benchmarks/bench_peer_models.py --model sevennet --device cpu --quick --out-dir /tmp/pm
     # AIMNet2's padder headroom of before record 0085, nvdd legs only (compare in one run)
     python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --legs plain dd1 \
         --search-legs --aimnet-pad-growth 1.25 --name aimnet2-pad125 --out-dir $OUT
@@ -90,6 +101,26 @@ UMA_SIZES: dict[str, dict[str, Any]] = {
 }
 UMA_TASK = "omat"
 WATER_SPACING = 3.104  # A: one molecule per 29.9 A^3 (1 g/cm^3)
+#: SevenNet model configurations (the ``model`` section of a SevenNet input.yaml;
+#: sevenn's defaults for the rest).
+SEVENNET_SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"cutoff": 2.6, "channel": 4, "lmax": 1, "num_convolution_layer": 2}
+    | {"weight_nn_hidden_neurons": [8]},
+    "small": {  # SevenNet-0's shape (sevenn's presets/sevennet-0.yaml)
+        "cutoff": 5.0,
+        "channel": 128,
+        "is_parity": False,
+        "lmax": 2,
+        "num_convolution_layer": 5,
+        "irreps_manual": ["128x0e", *["128x0e+64x1e+32x2e"] * 4, "128x0e"],
+        "weight_nn_hidden_neurons": [64, 64],
+        "radial_basis": {"radial_basis_name": "bessel", "bessel_basis_num": 8},
+        "cutoff_function": {"cutoff_function_name": "XPLOR", "cutoff_on": 4.5},
+        "act_gate": {"e": "silu", "o": "tanh"},
+        "act_scalar": {"e": "silu", "o": "tanh"},
+        "self_connection_type": "linear",
+    },
+}
 
 
 # ------------------------------------------------------------------ model files
@@ -194,6 +225,27 @@ def write_aimnet2(path: Path, size: str, seed: int = 0) -> None:
     torch.save(artifact, path)
 
 
+def write_sevennet(path: Path, size: str, seed: int = 0) -> None:
+    """A SevenNet checkpoint of a random-weight model for O and Si, written by
+    sevenn's own trainer (``Trainer.write_checkpoint``: the model's full
+    configuration, its state, the optimizer's), which sevenn's ``load_checkpoint``
+    reads back. The configuration is ``SEVENNET_SIZES[size]`` with sevenn's defaults
+    filled in as ``SevenNetModel.from_config`` does it (shift 0, scale 1,
+    ``conv_denominator`` 10: what training would compute from data)."""
+    from sevenn.model_build import build_E3_equivariant_model
+    from sevenn.train.trainer import Trainer
+
+    from nvdd.models import SevenNetModel
+
+    config = {"chemical_species": ["O", "Si"], **SEVENNET_SIZES[size]}
+    full = SevenNetModel.from_config(config, seed=seed).sevennet.sevenn_config
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = build_E3_equivariant_model(full)  # (with its force module, as trained)
+    trainer = Trainer(module, [], torch.optim.Adam, device="cpu")
+    trainer.write_checkpoint(str(path), config=full, epoch=1)
+
+
 # --------------------------------------------------------------------- systems
 def water(dims: tuple[int, int, int], dtype: torch.dtype, device: str, seed: int = 0) -> Any:
     """Water molecules (rigid geometry, random orientations) on a jittered cubic
@@ -236,8 +288,8 @@ def measure(
 ) -> dict[str, Any]:
     """One leg with the model of the file ``path``: nvdd's ``plain`` or ``dd1``
     (``UMAModel.from_checkpoint`` / ``AIMNet2Model.from_file``, its padder's growth
-    ``pad_growth``), or the ``peer``: torch-sim's NVE loop with the model package's
-    own torch-sim interface."""
+    ``pad_growth``; ``SevenNetModel.from_checkpoint``), or the ``peer``: torch-sim's
+    NVE loop with the model package's own torch-sim interface."""
     device = prepare(device)
     dtype = getattr(torch, dtype_name)
     batch = system(model_name, dims, dtype, device)
@@ -246,6 +298,10 @@ def measure(
         from fairchem.core.calculate.torchsim_interface import FairChemModel
 
         model = FairChemModel(path, device=torch.device(device), dtype=dtype, task_name=UMA_TASK)
+    elif leg == "peer" and model_name == "sevennet":
+        from torch_sim.models.sevennet import SevenNetModel as TorchSimSevenNet
+
+        model = TorchSimSevenNet(model=path, device=torch.device(device), dtype=dtype)
     elif leg == "peer":
         from aimnet.calculators import AIMNet2Calculator
         from aimnet.calculators.aimnet2torchsim import AIMNet2TorchSim
@@ -263,6 +319,10 @@ def measure(
             skin=skin,
             activation_checkpointing=uma_checkpoint,
         )
+    elif model_name == "sevennet":
+        from nvdd.models import SevenNetModel
+
+        model = SevenNetModel.from_checkpoint(path, dtype=dtype, device=device, skin=skin)
     else:
         from nvdd.models import AIMNet2Model
 
@@ -296,7 +356,7 @@ def uma_checkpoint(value: str) -> bool | int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, choices=["uma", "aimnet2"])
+    p.add_argument("--model", required=True, choices=["uma", "aimnet2", "sevennet"])
     p.add_argument("--size", default="small", choices=["tiny", "small"])
     p.add_argument(
         "--uma-checkpoint",
@@ -315,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         "the wrapper's setting before record 0085",
     )
     args = parse_run(p, argv, LEGS, 3)
-    if not args.cells:
-        args.cells = 20 if args.model == "uma" else 16  # 8,000 atoms / 12,288 atoms
+    if not args.cells:  # 8,000 atoms / 12,288 atoms / 8,000 atoms
+        args.cells = {"uma": 20, "aimnet2": 16, "sevennet": 20}[args.model]
     print(
         f"{args.model} {args.size}, {args.dtype}, {args.device}, NVE 0.5 fs; "
         f"timed: {args.steps} steps after {args.warmup}"
@@ -324,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'phase':<7}{'leg':<10}{'atoms':>10}{'steps':>6}{'ms/step':>10}{'peak MB':>12}  status")
     with tempfile.TemporaryDirectory(prefix="nvdd-peer-") as tmp:
         path = os.path.join(tmp, f"{args.model}-{args.size}.pt")
-        (write_uma if args.model == "uma" else write_aimnet2)(Path(path), args.size)
-        label = {"uma": "UMA", "aimnet2": "AIMNet2"}[args.model]
+        writers = {"uma": write_uma, "aimnet2": write_aimnet2, "sevennet": write_sevennet}
+        writers[args.model](Path(path), args.size)
+        label = {"uma": "UMA", "aimnet2": "AIMNet2", "sevennet": "SevenNet"}[args.model]
         args.name = args.name or f"{args.model}-1gpu-torchsim"
         dists = ["torch-sim-atomistic", "fairchem-core", "aimnet", "e3nn"]
+        if args.model == "sevennet":
+            dists = ["torch-sim-atomistic", "sevenn", "e3nn"]
         what = f"{label} {args.size} {args.dtype}"
         rows = [one(args, path, leg, 0, "timed") for leg in args.legs]
         if args.search_legs:  # (the timed rows written first: a run cut short keeps them)

@@ -239,7 +239,7 @@ def search(args: argparse.Namespace, rows: list[dict[str, Any]], measure: Any) -
                 break
             row = measure(leg, k)
             rows.append(row)
-            spent += row["wall_s"]
+            spent += row.get("wall_s", 0.0)  # (none: a peer leg without torch-sim)
             if row["status"] != "ok":
                 break
 

@@ -439,12 +439,18 @@ PEER_MODELS = {
         "aimnet's `AIMNet2TorchSim` around an `AIMNet2Calculator` (float32)",
         "periodic box of water molecules",
     ),
+    "sevennet": (
+        "SevenNet",
+        "SevenNetModel",
+        "sevenn's own torch-sim `SevenNetModel` (float32, SevenNet's force module)",
+        "silica-like O/Si box",
+    ),
 }
 
 
 def model_vs_torchsim(doc: dict[str, Any]) -> str:
-    """UMA or AIMNet2 on one GPU against torch-sim (bench_peer_models.py): the model of
-    the result file's name."""
+    """UMA, AIMNet2 or SevenNet on one GPU against torch-sim (bench_peer_models.py):
+    the model of the result file's name."""
     label, cls, peer, system = PEER_MODELS[doc["name"].split("-")[0]]
     intro = (
         f"## {label} on one GPU against torch-sim\n\n"
@@ -760,6 +766,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("mace-1gpu-torchsim",), mace_vs_torchsim),
     (("uma-1gpu-torchsim",), model_vs_torchsim),
     (("aimnet2-1gpu-torchsim",), model_vs_torchsim),
+    (("sevennet-1gpu-torchsim",), model_vs_torchsim),
     (("step-refactor-ab",), step_refactor_ab),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),

@@ -48,13 +48,13 @@ def test_a_result_file_carries_its_provenance(tmp_path: Path) -> None:
     assert render.load_results(tmp_path)["unit"]["command"] == "python benchmarks/x.py"
 
 
-def test_the_uma_and_aimnet2_torchsim_sections_appear_only_with_their_files(
+def test_the_uma_aimnet2_and_sevennet_torchsim_sections_appear_only_with_their_files(
     tmp_path: Path,
 ) -> None:
-    """bench_peer_models.py's result files (UMA, AIMNet2 against torch-sim) each render
+    """bench_peer_models.py's result files (UMA, AIMNet2, SevenNet against torch-sim) each render
     their own section, with the targets from the rows; without the files, none."""
     assert "against torch-sim" not in render.render({})
-    for model in ("uma", "aimnet2"):
+    for model in ("uma", "aimnet2", "sevennet"):
         rows = [
             {
                 "leg": leg,
@@ -98,7 +98,11 @@ def test_the_uma_and_aimnet2_torchsim_sections_appear_only_with_their_files(
             out_dir=tmp_path,
         )
     page = render.render(render.load_results(tmp_path))
-    for label, cls in (("UMA", "UMAModel"), ("AIMNet2", "AIMNet2Model")):
+    for label, cls in (
+        ("UMA", "UMAModel"),
+        ("AIMNet2", "AIMNet2Model"),
+        ("SevenNet", "SevenNetModel"),
+    ):
         section = page.split(f"## {label} on one GPU against torch-sim")[1].split("\n## ")[0]
         assert f"nvdd plain (VelocityVerlet + {cls})" in section
         assert "**1.05x** the step time" in section and "(target <= 1.1: met)" in section
