@@ -69,21 +69,20 @@ from nvdd.core import (
     ValidationError,
     all_reduce,
     get_rank,
-    import_optional,
 )
-from nvdd.models._checks import check_positive, config_error
+from nvdd.models._checks import config_error
 from nvdd.models._neighbors import EdgeList
+from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
 from nvdd.padding import DenseBatchGraph, DenseBatchPadder
 from nvdd.shardtensor import current_dd_context
-from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
+from nvdd.spec import MLIPSpec, StrategyKind
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["AIMNet2Model", "global_system_sum"]
 
-_EXTRA = "nvdd-models[aimnet2]"
 #: ``batch.system_extras`` key of each system's total charge (units of e).
 TOTAL_CHARGE = "charge"
 #: ``batch.system_extras`` key of each system's spin multiplicity (2S + 1; default 1),
@@ -101,10 +100,8 @@ _WHY = {
     "D3TS": "its dispersion runs a system-wide kernel",
 }
 
-
-def aimnet_module(name: str, feature: str = "AIMNet2Model") -> Any:
-    """``import_optional`` of an aimnet module with the extra's install hint."""
-    return import_optional(name, package="aimnet", feature=feature, extra=_EXTRA)
+#: ``import_optional`` of an aimnet module with the extra's install hint.
+aimnet_module = OptionalPackage("aimnet", "nvdd-models[aimnet2]", "AIMNet2Model")
 
 
 class _SumOverRanksBoth(torch.autograd.Function):
@@ -233,7 +230,7 @@ def _output_problem(model: Any) -> str | None:
     return None
 
 
-class AIMNet2Model(BaseModelMixin, torch.nn.Module):
+class AIMNet2Model(ReceptiveFieldWrapper):
     """An ``aimnet.models.AIMNet2`` as an nvdd model (one process and under DD).
 
     Energy, forces and per-atom energies (``atom_energies``) of every system
@@ -277,12 +274,16 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     layers:
         Interaction passes (``len(model.mlps)``): the receptive field is
         ``layers x cutoff``.
+    cutoff, dtype:
+        The model's cutoff (the AEV's ``rc_s``, Angstrom) and the parameters' dtype.
     Raises
     ------
     ConfigurationError
         On an unsupported output module or a bad argument, naming it.
     """
 
+    _wrapped = "aimnet"
+    _label = "AIMNet2"
     compile_unsupported = (
         "aimnet's forward reads its neighbour mode from a tensor on the host on every call "
         "(nbops.get_nb_mode), which the wrapper does not trace with torch.compile"
@@ -301,13 +302,11 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         models = aimnet_module("aimnet.models")
         if not isinstance(model, models.AIMNet2):
             raise config_error(f"AIMNet2Model wraps an aimnet AIMNet2, got {type(model).__name__}")
-        check_positive("skin", skin, allow_zero=True)
+        self._check_arguments(skin, dtype)
         if isinstance(pad_growth, bool) or not (
             isinstance(pad_growth, int | float) and 1.0 <= pad_growth < float("inf")
         ):
             raise config_error(f"pad_growth must be a finite number >= 1, got {pad_growth!r}")
-        if dtype is not None and dtype not in (torch.float32, torch.float64):
-            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         inner: Any = model
         problem = _output_problem(inner)
         if problem is not None:
@@ -321,9 +320,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
         cutoff = float(inner.aev.rc_s)
         if not cutoff > 0:
             raise config_error(f"AIMNet2Model: the model's cutoff rc_s is {cutoff}")
-        if dtype is not None or device is not None:
-            model = model.to(dtype=dtype, device=device)
-        self.aimnet = model.eval()
+        self.aimnet = self._convert(model, dtype, device)
         self._cutoff = cutoff
         self.neighbors = VerletList(cutoff, skin)
         self.coulomb_neighbors = (
@@ -396,32 +393,25 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             )
         return self._padder
 
-    @property
-    def cutoff(self) -> float:
-        """The model's cutoff (the AEV's ``rc_s``, Angstrom)."""
-        return self._cutoff
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The parameters' dtype."""
-        return next(self.aimnet.parameters()).dtype
-
     def extra_repr(self) -> str:
         """The module repr's summary: cutoff, layers and skin."""
         return f"cutoff={self._cutoff}, layers={self.layers}, skin={self.neighbors.skin}"
 
     # ---------------------------------------------------------------- spec
     def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``.
+        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True,
+        extra_ghost_width=self.extra_reach)``.
 
         The model runs on ``[owned | ghost]`` rows of a halo of ``layers x cutoff
-        + skin``; owned atoms' energies are exact there (the charge
-        equilibration's sums are global), and the forces are the derivative of
-        their sum, ghost rows' parts folded to their owners (record 0067).
+        + skin`` (+ :attr:`extra_reach`); owned atoms' energies are exact there
+        (the charge equilibration's sums are global), and the forces are the
+        derivative of their sum, ghost rows' parts folded to their owners
+        (record 0067).
         """
-        return receptive_field_spec(
-            layers=self.layers, strategy=strategy, fold=True, extra_ghost_width=self.extra_reach
-        )
+        return super().distribution_spec(strategy)
+
+    def _extra_reach(self) -> float:
+        return self.extra_reach
 
     @property
     def extra_reach(self) -> float:
@@ -435,12 +425,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
     def _check(self, batch: Batch) -> None:
         """The batch's dtype (every call, on the host) and its elements
         (:meth:`_check_elements`)."""
-        if batch.dtype != self.dtype:
-            raise ValidationError(
-                f"batch is {batch.dtype} but the AIMNet2 parameters are {self.dtype}; "
-                f"convert one of them (AIMNet2Model(..., dtype={batch.dtype}) or "
-                f"batch.to(dtype={self.dtype}))"
-            )
+        self._check_dtype(batch)
         self._check_elements(batch.atomic_numbers)
 
     def _check_elements(self, z: torch.Tensor) -> None:
@@ -644,20 +629,7 @@ class AIMNet2Model(BaseModelMixin, torch.nn.Module):
             a new batch or partition, never in steady steps), or a total charge
             (``batch.system_extras["charge"]``) of the wrong shape.
         """
-        given = batch.positions.requires_grad
-        positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
-        with torch.enable_grad():
-            atom, _charges = self._run(batch, positions)
-            energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
-            if given:
-                return {"energy": energy, "atom_energies": atom}
-            (grad,) = torch.autograd.grad(energy.sum(), positions, allow_unused=True)
-        forces = -grad if grad is not None else torch.zeros_like(positions)
-        return {
-            "energy": energy.detach(),
-            "forces": forces.detach(),
-            "atom_energies": atom.detach(),
-        }
+        return self._outputs(batch, lambda positions: self._run(batch, positions)[0])
 
 
 @dataclass(frozen=True, eq=False)

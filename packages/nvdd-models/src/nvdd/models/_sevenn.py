@@ -37,22 +37,18 @@ from typing import Any, cast
 
 import torch
 
-from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
-from nvdd.models._checks import check_positive, config_error
+from nvdd.core import Batch, ModelOutputs, ValidationError
+from nvdd.models._checks import config_error
+from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
-from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
 
 __all__ = ["SevenNetModel"]
 
-_EXTRA = "nvdd-models[sevenn]"
 #: Numbers SevenNet's training computes from data; a model built from a
 #: configuration without them (random weights) takes these.
 _UNTRAINED = {"shift": 0.0, "scale": 1.0, "conv_denominator": 10.0}
-
-
-def sevenn_module(name: str, feature: str = "SevenNetModel") -> Any:
-    """``import_optional`` of a sevenn module with the extra's install hint."""
-    return import_optional(name, package="sevenn", feature=feature, extra=_EXTRA)
+#: ``import_optional`` of a sevenn module with the extra's install hint.
+sevenn_module = OptionalPackage("sevenn", "nvdd-models[sevenn]", "SevenNetModel")
 
 
 def _onehot_to_edge_dtype(module: Any, args: Any, out: Any) -> Any:
@@ -88,7 +84,7 @@ def _build(config: Mapping[str, Any], seed: int) -> torch.nn.Module:
     return module
 
 
-class SevenNetModel(BaseModelMixin, torch.nn.Module):
+class SevenNetModel(ReceptiveFieldWrapper):
     """A SevenNet ``AtomGraphSequential`` as an nvdd model (one process and under DD).
 
     Energy, forces and per-atom energies (``atom_energies``) of every system of a
@@ -123,6 +119,8 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
     layers:
         Interaction (convolution) layers of the model: the receptive field is
         ``layers x cutoff``.
+    cutoff, dtype:
+        The model's cutoff (Angstrom) and its parameters' dtype.
 
     Notes
     -----
@@ -130,6 +128,8 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
     module removed here).
     """
 
+    _wrapped = "sevennet"
+    _label = "SevenNet"
     compile_unsupported = (
         "SevenNet's modules are e3nn code (TorchScript compile modes, fx-generated "
         "tensor products) that the wrapper does not trace with torch.compile"
@@ -151,9 +151,7 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
             raise config_error(
                 f"SevenNetModel wraps a sevenn AtomGraphSequential, got {type(model).__name__}"
             )
-        check_positive("skin", skin, allow_zero=True)
-        if dtype is not None and dtype not in (torch.float32, torch.float64):
-            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._check_arguments(skin, dtype)
         inner: Any = model
         cutoff = float(inner.cutoff)
         if not cutoff > 0:
@@ -176,9 +174,7 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
         for module in model.modules():
             if isinstance(module, embedding.OnehotEmbedding):
                 module.register_forward_hook(_onehot_to_edge_dtype)
-        if dtype is not None or device is not None:
-            model = model.to(dtype=dtype, device=device)
-        self.sevennet = model.eval()
+        self.sevennet = model = self._convert(model, dtype, device)
         self.modal = modal
         self._cutoff = cutoff
         self._elements = sorted(int(z) for z in inner.type_map)
@@ -214,16 +210,6 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
 
     # ---------------------------------------------------------- properties
     @property
-    def cutoff(self) -> float:
-        """The model's cutoff (Angstrom)."""
-        return self._cutoff
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The parameters' dtype."""
-        return next(self.sevennet.parameters()).dtype
-
-    @property
     def atomic_numbers(self) -> list[int]:
         """The elements the model knows."""
         return list(self._elements)
@@ -235,26 +221,9 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
             f"modal={self.modal!r}, skin={self.neighbors.skin}"
         )
 
-    # ---------------------------------------------------------------- spec
-    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
-        """``receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)``.
-
-        The model runs unmodified on ``[owned | ghost]`` rows of a halo of
-        ``layers x cutoff + skin`` (under ``HALO`` explicit images, under
-        ``GRAPH_PARTITION`` the atoms themselves); owned atoms' energies are
-        exact there, and the forces are the derivative of their sum, ghost
-        rows' parts folded to their owners (record 0067).
-        """
-        return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
-
     # ------------------------------------------------------------- physics
     def _check(self, batch: Batch) -> None:
-        if batch.dtype != self.dtype:
-            raise ValidationError(
-                f"batch is {batch.dtype} but the SevenNet parameters are {self.dtype}; "
-                f"convert one of them (SevenNetModel(..., dtype={batch.dtype}) or "
-                f"batch.to(dtype={self.dtype}))"
-            )
+        self._check_dtype(batch)
         z, known = batch.atomic_numbers, cast(torch.Tensor, self.known)
         n = int(known.shape[0])
         ok = known.index_select(0, z.clamp(0, n - 1)) & (z >= 0) & (z < n)
@@ -300,18 +269,9 @@ class SevenNetModel(BaseModelMixin, torch.nn.Module):
             On a dtype mismatch or an element the model does not know (checked
             when the neighbour list is rebuilt).
         """
-        given = batch.positions.requires_grad
-        positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
-        with torch.enable_grad():
-            out = self.sevennet(self.graph(batch, positions))
-            atom = cast(torch.Tensor, out["atomic_energy"]).reshape(-1)
-            energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
-            if given:
-                return {"energy": energy, "atom_energies": atom}
-            (grad,) = torch.autograd.grad(energy.sum(), positions, allow_unused=True)
-        forces = -grad if grad is not None else torch.zeros_like(positions)
-        return {
-            "energy": energy.detach(),
-            "forces": forces.detach(),
-            "atom_energies": atom.detach(),
-        }
+        return self._outputs(batch, lambda positions: self._atom_energies(batch, positions))
+
+    def _atom_energies(self, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
+        """SevenNet's per-atom energies of ``batch`` at ``positions``, shape ``(n_rows,)``."""
+        out = self.sevennet(self.graph(batch, positions))
+        return cast(torch.Tensor, out["atomic_energy"]).reshape(-1)

@@ -56,24 +56,17 @@ from nvdd.core import (
     ValidationError,
     all_reduce,
     get_rank,
-    import_optional,
 )
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import energy_scope, halo_spec
 from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import DDContext, current_dd_context, refresh_neighbors
-from nvdd.spec import (
-    SPEC_UMA_HALO,
-    BaseModelMixin,
-    MLIPSpec,
-    StrategyKind,
-    receptive_field_spec,
-)
+from nvdd.spec import SPEC_UMA_HALO, MLIPSpec, StrategyKind
 
 __all__ = ["UMAModel"]
 
-_EXTRA = "nvdd-models[uma]"
 _HYDRA = "fairchem.core.models.base.HydraModel"
 _BACKBONE = "fairchem.core.models.uma.escn_md.eSCNMDBackbone"
 _MOE_BACKBONE = "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone"
@@ -87,11 +80,8 @@ _CHUNK_FALLBACK = 1024 * 128
 #: The attribute of fairchem's edge-wise modules (the edge-degree embedding and
 #: each block's ``edge_wise``) that turns activation checkpointing on.
 _CHUNK_ATTR = "activation_checkpoint_chunk_size"
-
-
-def fairchem_module(name: str, feature: str = "UMAModel") -> Any:
-    """``import_optional`` of a fairchem module with the extra's install hint."""
-    return import_optional(name, package="fairchem-core", feature=feature, extra=_EXTRA)
+#: ``import_optional`` of a fairchem module with the extra's install hint.
+fairchem_module = OptionalPackage("fairchem-core", "nvdd-models[uma]", "UMAModel")
 
 
 @contextmanager
@@ -154,7 +144,7 @@ def _energy_head(model: Any, head: str | None, task: str | None) -> tuple[str, A
     return head, inner
 
 
-class UMAModel(BaseModelMixin, torch.nn.Module):
+class UMAModel(ReceptiveFieldWrapper):
     """A fairchem UMA (eSCN-MD) ``HydraModel`` as an nvdd model (one process and under DD).
 
     Energy, forces and per-atom energies (``atom_energies``) of every system of a
@@ -239,6 +229,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         edge-degree embedding. The receptive field is ``layers x cutoff``.
     checkpoint_chunk:
         Edges per activation-checkpointed chunk, or ``None`` (off).
+    cutoff, dtype:
+        The backbone's cutoff (Angstrom) and the parameters' dtype.
 
     Notes
     -----
@@ -249,6 +241,8 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
     """
 
     _head: Any  # the energy head (fairchem's module, not registered twice)
+    _wrapped = "hydra"
+    _label = "UMA"
 
     compile_unsupported = (
         "fairchem's eSCN-MD backbone picks execution backends and Wigner kernels at run "
@@ -285,12 +279,10 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
                 f"UMAModel: the backbone is {type(backbone).__name__}, not an eSCN-MD "
                 "backbone (eSCNMDBackbone or eSCNMDMoeBackbone)"
             )
-        check_positive("skin", skin, allow_zero=True)
+        self._check_arguments(skin, dtype)
         if halo not in _HALOS:
             raise config_error(f"UMAModel: halo= must be one of {_HALOS}, got {halo!r}")
         check_positive("energy_scale", energy_scale)
-        if dtype is not None and dtype not in (torch.float32, torch.float64):
-            raise config_error(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         if backbone.regress_config.direct_forces:
             raise config_error(
                 "UMAModel: the model predicts direct forces (direct_forces=True); only a "
@@ -310,12 +302,11 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         backbone.otf_graph = False
         self.layers = int(backbone.num_layers) + 1
         self._cutoff = float(backbone.cutoff)
-        if dtype is not None or device is not None:
-            model = model.to(dtype=dtype, device=device)
+        model = self._convert(model, dtype, device)
         self.checkpoint_chunk = _checkpoint_edges(model, activation_checkpointing)
         if freeze:  # (forces differentiate positions; no weight gradient is ever taken)
             model.requires_grad_(False)
-        self.hydra = model.eval()
+        self.hydra = model
         # (not registered as a submodule: it is the hydra's own head)
         object.__setattr__(self, "_head", inner_head)
         self.energy_scale = float(energy_scale)
@@ -433,16 +424,6 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
 
     # ---------------------------------------------------------- properties
     @property
-    def cutoff(self) -> float:
-        """The backbone's cutoff (Angstrom)."""
-        return self._cutoff
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The parameters' dtype."""
-        return next(self.hydra.parameters()).dtype
-
-    @property
     def backbone(self) -> Any:
         """The wrapped ``HydraModel``'s backbone (merged, if it was)."""
         return cast(Any, self.hydra).backbone
@@ -481,7 +462,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
             raise config_error(f"UMAModel cannot run under domain decomposition: {self._nonlocal}")
         if self.halo == "refresh":
             return halo_spec(self, strategy, SPEC_UMA_HALO)
-        return receptive_field_spec(layers=self.layers, strategy=strategy, fold=True)
+        return super().distribution_spec(strategy)
 
     def distributed_setup(self, ctx: Any) -> None:
         """Arm the composition check of a merged model: the first forward of the
@@ -542,12 +523,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
         only on the first sight of an ``atomic_numbers`` / ``system_index``
         tensor (by identity and version: a step keeps them, a halo rebuild or a
         new batch brings new ones), never on a steady step."""
-        if batch.dtype != self.dtype:
-            raise ValidationError(
-                f"batch is {batch.dtype} but the UMA parameters are {self.dtype}; "
-                f"convert one of them (UMAModel(..., dtype={batch.dtype}) or "
-                f"batch.to(dtype={self.dtype}))"
-            )
+        self._check_dtype(batch)
         whole = current_dd_context().layout is None
         z, system = batch.atomic_numbers, batch.system_index
         seen = self._checked
@@ -661,20 +637,7 @@ class UMAModel(BaseModelMixin, torch.nn.Module):
                 compute_stress=False,
                 energy_scope=energy_scope(SPEC_UMA_HALO),
             )
-        given = batch.positions.requires_grad
-        positions = batch.positions if given else batch.positions.detach().requires_grad_(True)
-        with torch.enable_grad():
-            atom = self._atom_energies(batch, positions)
-            energy = atom.new_zeros(batch.n_systems).index_add(0, batch.system_index, atom)
-            if given:
-                return {"energy": energy, "atom_energies": atom}
-            (grad,) = torch.autograd.grad(energy.sum(), positions, allow_unused=True)
-        forces = -grad if grad is not None else torch.zeros_like(positions)
-        return {
-            "energy": energy.detach(),
-            "forces": forces.detach(),
-            "atom_energies": atom.detach(),
-        }
+        return self._outputs(batch, lambda positions: self._atom_energies(batch, positions))
 
 
 def _class(path: str) -> Any:
