@@ -10,9 +10,10 @@ is written twice. Sessions:
 - ``integration`` integration_tests/ over gloo with everything installed
 - ``check``       per package: typecheck then tests in one environment
 - ``checks``      every package at once in ONE environment: one mypy run over all
-                  packages, each package's tests, then integration_tests/ (used by ``ci``;
+                  packages, each package's tests and integration_tests/ (in two parts),
+                  each its own process, two at a time (``NVDD_CI_LANES``; used by ``ci``;
                   docs/decisions/0075-one-ci-environment.md says what the per-package
-                  sessions still add)
+                  sessions still add, 0082 why two at a time)
 - ``ci``          the README's test command: deps, lint, checks, docs
 - ``e3nn06``      the tests of the models on e3nn 0.6 (SevenNet ``[sevenn]``, UMA ``[uma]``) in
                   one environment of their own (``sevenn`` is an alias)
@@ -36,10 +37,13 @@ constrained to that torch version instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -262,21 +266,17 @@ def _run_mypy(session: nox.Session, package: str, posargs: list[str]) -> None:
         )
 
 
-def _run_mypy_all(session: nox.Session, packages: list[str]) -> None:
-    """One mypy run over ``packages`` (their sources, one cache): imports between
-    them resolve to the sources through MYPYPATH, as in the per-package runs."""
+def _mypy_all(packages: list[str]) -> tuple[list[str], dict[str, str]]:
+    """One mypy run over ``packages`` (their sources, one cache): its command and
+    environment. Imports between them resolve to the sources through MYPYPATH, as
+    in the per-package runs."""
     srcs = [PACKAGES[p]["path"] / "src" for p in packages]  # type: ignore[operator]
     args: list[str] = []
     for src in srcs:
         leaf = next(src.glob("*/*/__about__.py")).parent.relative_to(src)
         args += ["-p", ".".join(leaf.parts)]
-    session.run(
-        "mypy",
-        "--config-file",
-        str(ROOT / "pyproject.toml"),
-        *args,
-        env={"MYPYPATH": os.pathsep.join(str(s) for s in srcs)},
-    )
+    cmd = ["mypy", "--config-file", str(ROOT / "pyproject.toml"), *args]
+    return cmd, {"MYPYPATH": os.pathsep.join(str(s) for s in srcs)}
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -316,22 +316,121 @@ def integration(session: nox.Session) -> None:
     session.run("pytest", "-q", "integration_tests", *session.posargs)
 
 
+#: Processes ``checks`` runs at once (``NVDD_CI_LANES``; default: the machine's cores,
+#: at most 2). Many tests wait (on ranks, on launched jobs, on watchdog timeouts):
+#: one pytest at a time kept one of CI's two cores idle half the time (record 0082).
+CI_LANES = int(os.environ.get("NVDD_CI_LANES", "0")) or max(1, min(os.cpu_count() or 1, 2))
+
+
+#: CPU seconds of each ``checks`` job in a run with a warm kernel cache (record
+#: 0082): only the order in which the jobs start (longest first); a job not named
+#: here starts last.
+CI_SECONDS = {
+    "integration-1": 280.0,
+    "integration-2": 260.0,
+    "nvalchemi-distributed": 200.0,
+    "nvdd-models": 130.0,
+    "nvdd-dynamics": 100.0,
+    "nvdd-core": 50.0,
+    "nvdd-partition": 40.0,
+    "mypy": 30.0,
+}
+#: The integration suite runs as two pytest processes: these files, then the rest.
+INTEGRATION_1 = (
+    "test_it_graph_partition.py",
+    "test_it_conformance.py",
+    "test_it_docs_snippets.py",
+    "test_it_faults.py",
+    "test_it_bench_harness.py",
+    "test_it_multinode.py",
+)
+
+
+def _integration_parts() -> dict[str, list[str]]:
+    """``integration_tests/`` in two parts (each a list of test files; none empty)."""
+    files = sorted((ROOT / "integration_tests").glob("test_*.py"))
+    first = [str(f) for f in files if f.name in INTEGRATION_1]
+    rest = [str(f) for f in files if f.name not in INTEGRATION_1]
+    return {k: v for k, v in (("integration-1", first), ("integration-2", rest)) if v}
+
+
+def _run_lanes(
+    session: nox.Session, jobs: list[tuple[str, list[str], dict[str, str]]], lanes: int
+) -> None:
+    """Run ``jobs`` (a label, a command run in the session's environment, more
+    environment variables), ``lanes`` at a time in the order given (put the longest
+    first); each job's output is shown whole when it ends. Fails after every job
+    ended if any failed."""
+    env = {k: v for k, v in {**os.environ, **session.env}.items() if v is not None}
+    env["PATH"] = os.pathsep.join([*(session.bin_paths or []), env.get("PATH", "")])
+    logs = Path(session.create_tmp()) / "lanes"
+    logs.mkdir(exist_ok=True)
+    todo = list(jobs)
+    running: dict[str, tuple[subprocess.Popen[bytes], Path, float]] = {}
+    failed: list[str] = []
+    try:
+        while todo or running:
+            while todo and len(running) < lanes:
+                label, cmd, more = todo.pop(0)
+                log = logs / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.log"
+                with log.open("wb") as out:
+                    proc = subprocess.Popen(
+                        cmd, stdout=out, stderr=subprocess.STDOUT, env={**env, **more}, cwd=ROOT,
+                        start_new_session=True,
+                    )  # fmt: skip
+                session.log(f"started {label}: {' '.join(cmd)}")
+                running[label] = (proc, log, time.monotonic())
+            time.sleep(0.2)
+            for label, (proc, log, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[label]
+                sys.stdout.write(log.read_text(errors="replace"))
+                verdict = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+                session.log(f"{label}: {verdict} in {time.monotonic() - t0:.0f} s")
+                if proc.returncode != 0:
+                    failed.append(label)
+    finally:
+        for proc, _, _ in running.values():  # interrupted: end what still runs
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
+
+
 @nox.session(venv_params=VENV_PARAMS)
 def checks(session: nox.Session) -> None:
-    """mypy --strict of every package (one run), every package's tests, then the
+    """mypy --strict of every package (one run), every package's tests and the
     integration suite, all in ONE environment holding every package with its extras
     and test group: what `ci` runs. One install and one mypy cache instead of one
     per package; an import of an undeclared sibling or extra is caught by the
     ``deps`` session's import scan (and by ``check(<package>)``, which installs a
-    package's closure alone). Arguments go to every pytest run."""
+    package's closure alone). The runs are separate processes, ``CI_LANES`` (2) of
+    them at a time, longest first; each one's output is shown when it ends.
+    Arguments go to every pytest run."""
     _install(session, TESTED, extras=True, more=("mypy==2.4.1",))
-    _run_mypy_all(session, TESTED)
-    # one pytest process per package, then the integration suite: one process for
-    # all of them was slower, not faster, at equal load (record 0081)
+    # one pytest process per package and per part of the integration suite (one
+    # process for all was slower, record 0081), CI_LANES of them (and mypy) at once,
+    # the longest first (record 0082)
+    mypy, mypy_env = _mypy_all(TESTED)
+    jobs: list[tuple[float, str, list[str], dict[str, str]]] = [
+        (CI_SECONDS.get("mypy", 0.0), "mypy", mypy, mypy_env)
+    ]
     for name in TESTED:
-        _run_tests(session, name, session.posargs)
-    if any((ROOT / "integration_tests").glob("test_*.py")):
-        session.run("pytest", "-q", "integration_tests", *session.posargs)
+        tests_dir = str(PACKAGES[name]["path"] / "tests")  # type: ignore[operator]
+        cmd = ["pytest", "-q", tests_dir, *session.posargs]
+        jobs.append((CI_SECONDS.get(name, 0.0), name, cmd, {}))
+    for part, files in _integration_parts().items():
+        cmd = ["pytest", "-q", *files, *session.posargs]
+        jobs.append((CI_SECONDS.get(part, 0.0), part, cmd, {}))
+    jobs.sort(key=lambda job: -job[0])
+    _run_lanes(session, [job[1:] for job in jobs], CI_LANES)
 
 
 @nox.session(venv_params=VENV_PARAMS)
