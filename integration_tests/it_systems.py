@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch
+from nvdd.core import Batch, maxwell_boltzmann
 from nvdd.models import LennardJones, LJBackend, LJConfig, MPNNConfig, ReferenceMPNN
 
 AR_A = 5.26  # FCC lattice constant of argon, Angstrom
@@ -15,14 +15,6 @@ MPNN_CUTOFF = 4.0
 
 FCC = torch.tensor([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=torch.float64)
 PRIMITIVE = 0.5 * AR_A * torch.tensor([[0, 1, 1], [1, 0, 1], [1, 1, 0]], dtype=torch.float64)
-
-
-def _velocities(
-    n: int, masses: torch.Tensor, temperature_k: float, g: torch.Generator
-) -> torch.Tensor:
-    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    v *= torch.sqrt(8.617333262e-5 * temperature_k / masses)[:, None]
-    return v - v.mean(dim=0)
 
 
 def crystal(
@@ -77,7 +69,7 @@ def crystal(
         pbc=pbc,
         atom_ids=torch.randperm(n_atoms, generator=g) * 3 + 1,
     )
-    return b.replace(velocities=_velocities(n_atoms, b.masses, temperature_k, g))
+    return b.replace(velocities=maxwell_boltzmann(b.masses, temperature_k, generator=g))
 
 
 def lj_model(
@@ -221,7 +213,9 @@ def rock_salt(
         atom_ids=torch.randperm(n, generator=g) * 2 + 5,
     )
     if temperature_k > 0:
-        batch = batch.replace(velocities=_velocities(n, batch.masses, temperature_k, g))
+        batch = batch.replace(
+            velocities=maxwell_boltzmann(batch.masses, temperature_k, generator=g)
+        )
     return assign_charges(batch, {11: 1.0, 17: -1.0})
 
 

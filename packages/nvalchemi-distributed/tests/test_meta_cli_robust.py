@@ -173,6 +173,34 @@ def test_a_frame_of_a_trajectory_is_picked_by_index_and_gets_velocities(
     assert "Maxwell-Boltzmann" in args.velocity_note
 
 
+def test_the_built_in_boxes_draw_velocities_at_zero_momentum_in_either_dtype() -> None:
+    """nvdd run's own boxes (argon; the O/Si box of --model mace, sevenn, uma, aimnet2)
+    draw velocities with nvdd.core.maxwell_boltzmann: near --temperature, zero total
+    momentum mass-weighted (the O/Si box subtracted the plain mean: its centre of mass
+    drifted), and the same velocities in float32 as in float64 (argon drew other,
+    float32 numbers)."""
+    import torch
+
+    from nvalchemi.distributed._demo import argon_box
+    from nvalchemi.distributed._models import builtin_system
+    from nvdd.dynamics import temperature
+
+    args = _args("--model", "mace", "--cells", "5", "--temperature", "300")
+    boxes = {
+        dtype: (builtin_system(args, dtype), argon_box(3, dtype=dtype, temperature_K=300.0, seed=0))
+        for dtype in (torch.float32, torch.float64)
+    }
+    for b64, b32 in zip(boxes[torch.float64], boxes[torch.float32], strict=True):
+        assert b64 is not None and b32 is not None
+        assert len(set(b64.masses.tolist())) == (2 if b64.n_atoms == 125 else 1)
+        momentum = (b64.masses[:, None] * b64.velocities).sum(0)
+        assert float(momentum.abs().max()) < 1e-12
+        # 108 or 125 atoms: the kinetic temperature is 300 K within a few tens of K
+        assert abs(float(temperature(b64)) - 300.0) < 60.0
+        assert b32.velocities.dtype == torch.float32
+        assert torch.allclose(b32.velocities.double(), b64.velocities, rtol=1e-5, atol=1e-7)
+
+
 def test_parser_has_help_for_every_option_and_a_version(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

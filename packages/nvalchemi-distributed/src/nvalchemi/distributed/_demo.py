@@ -47,7 +47,7 @@ from nvalchemi.distributed._stop import (
     install_stop_handlers,
     stop_signal,
 )
-from nvdd.core import Batch, CommunicationError, any_rank, init_distributed
+from nvdd.core import Batch, CommunicationError, any_rank, init_distributed, maxwell_boltzmann
 from nvdd.dynamics import (
     KB_EV_PER_K,
     MTKNPT,
@@ -63,7 +63,7 @@ from nvdd.dynamics import (
 )
 from nvdd.spec import StrategyKind
 
-__all__ = ["argon_box", "maxwell_boltzmann", "run_rank"]
+__all__ = ["argon_box", "run_rank"]
 
 
 def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int) -> Batch:
@@ -84,23 +84,6 @@ def argon_box(cells: int, *, dtype: torch.dtype, temperature_K: float, seed: int
         cell=torch.eye(3, dtype=dtype) * cells * AR_LATTICE,
         pbc=[True, True, True],
     )
-
-
-def maxwell_boltzmann(masses: torch.Tensor, *, temperature_K: float, seed: int) -> torch.Tensor:
-    """Velocities, shape (n_atoms, 3), drawn from the Maxwell-Boltzmann distribution
-    at ``temperature_K`` for ``masses`` (amu), with zero total momentum (mass-weighted)."""
-    g = torch.Generator().manual_seed(seed)
-    n = masses.shape[0]
-    m = masses.detach().cpu()
-    v = (
-        torch.randn(n, 3, generator=g, dtype=m.dtype)
-        * torch.sqrt(KB_EV_PER_K * temperature_K / m)[:, None]
-    )
-    if bool((m == m[0]).all()) if n else True:
-        v -= v.mean(dim=0)  # equal masses (argon): the plain mean
-    else:
-        v -= (m[:, None] * v).sum(dim=0) / m.sum()
-    return v.to(masses.device)
 
 
 def _model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
@@ -140,7 +123,9 @@ def _with_velocities(batch: Batch, args: argparse.Namespace) -> Batch:
     then says so (``args.velocity_note``)."""
     if args.temperature <= 0 or bool(batch.velocities.abs().gt(0).any()):
         return batch
-    v = maxwell_boltzmann(batch.masses, temperature_K=args.temperature, seed=args.seed)
+    v = maxwell_boltzmann(
+        batch.masses, args.temperature, seed=args.seed, system_index=batch.system_index
+    )
     args.velocity_note = (
         f"; velocities drawn at {args.temperature:g} K (Maxwell-Boltzmann, seed "
         f"{args.seed}): the structure has none"

@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, OptionalDependencyError
-from nvdd.dynamics import KB_EV_PER_K
+from nvdd.core import Batch, OptionalDependencyError, maxwell_boltzmann
 
 __all__ = [
     "AR_EPSILON",
@@ -186,14 +185,6 @@ def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     return LennardJones(config).to(device=device, dtype=dtype)
 
 
-def _velocities(batch: Batch, temperature_K: float, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    masses = batch.masses.double()
-    v = torch.randn(batch.n_atoms, 3, generator=g, dtype=torch.float64)
-    v = v * torch.sqrt(KB_EV_PER_K * temperature_K / masses)[:, None]
-    return (v - v.mean(dim=0)).to(batch.dtype)
-
-
 def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None:
     """The built-in system of a model that does not run on argon, else None.
 
@@ -217,4 +208,5 @@ def builtin_system(args: argparse.Namespace, dtype: torch.dtype) -> Batch | None
         cell=torch.eye(3, dtype=torch.float64) * n * SILICA_SPACING,
         pbc=[True, True, True],
     ).to(dtype=dtype)
-    return batch.replace(velocities=_velocities(batch, args.temperature, args.seed))
+    v = maxwell_boltzmann(batch.masses, args.temperature, seed=args.seed)
+    return batch.replace(velocities=v)

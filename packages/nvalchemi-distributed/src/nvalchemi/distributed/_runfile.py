@@ -34,7 +34,13 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError, NvddError, OptionalDependencyError
+from nvdd.core import (
+    Batch,
+    ConfigurationError,
+    NvddError,
+    OptionalDependencyError,
+    maxwell_boltzmann,
+)
 
 __all__ = ["build_model", "build_system", "load_run_file", "rocksalt", "run_file_problems"]
 
@@ -134,12 +140,9 @@ def rocksalt(
     g = torch.Generator().manual_seed(seed)
     positions = torch.stack(frac) * NACL_A
     positions = positions + jitter * torch.randn(positions.shape, generator=g, dtype=dtype)
-    n = positions.shape[0]
     zs = torch.tensor(z)
     masses = torch.tensor([_MASSES[int(a)] for a in z], dtype=dtype)
-    v = torch.randn(n, 3, generator=g, dtype=dtype)
-    v = v * torch.sqrt(8.617333262e-5 * temperature_k / masses)[:, None]
-    v = v - (masses[:, None] * v).sum(0) / masses.sum()
+    v = maxwell_boltzmann(masses, temperature_k, generator=g)
     cell = torch.eye(3, dtype=dtype) * cells * NACL_A
     positions = torch.remainder(positions, cells * NACL_A)
     charges = torch.where(zs == 11, 1.0, -1.0).to(dtype)

@@ -65,6 +65,7 @@ from nvdd.core._strain import (
     skin_exceeded,
 )
 from nvdd.core._sum_by_system import ONE_HOT_SYSTEMS, sum_by_system
+from nvdd.core._thermal import KB_EV_PER_K, maxwell_boltzmann
 from nvdd.core._warp_launch import RecordedKernel
 from nvdd.core._warp_stream import warp_stream
 from nvdd.core._watchdog import (
@@ -81,6 +82,7 @@ __all__ = [
     "DEFAULT_MESH_DIM",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_WATCHDOG_S",
+    "KB_EV_PER_K",
     "PER_ATOM_FIELDS",
     "PER_SYSTEM_FIELDS",
     "WATCHDOG_ENV",
@@ -137,6 +139,7 @@ __all__ = [
     "make_mesh",
     "make_step_graph",
     "masses_for",
+    "maxwell_boltzmann",
     "nonaffine_displacements",
     "raise_if_any_rank",
     "record_launch",

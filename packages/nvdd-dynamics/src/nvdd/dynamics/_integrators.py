@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from nvdd.core import (
+    KB_EV_PER_K,
     Batch,
     CaptureError,
     ConfigurationError,
@@ -66,8 +67,6 @@ __all__ = [
 
 #: One femtosecond in ASE time units (Angstrom * sqrt(amu / eV)).
 ASE_TIME_PER_FS = 0.09822694788464063
-#: Boltzmann constant, eV / K.
-KB_EV_PER_K = 8.617333262e-5
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,13 @@ from collections.abc import Sequence
 
 import torch
 
-from nvdd.core import Batch, ConfigurationError
+from nvdd.core import KB_EV_PER_K, Batch, ConfigurationError, maxwell_boltzmann
 
 __all__ = ["KB_EV_PER_K", "SYSTEMS", "boundary_variant", "thermal_velocities", "variants"]
 
 #: The variants :func:`boundary_variant` knows, in the kit's default order.
 SYSTEMS = ("periodic", "triclinic", "mixed", "open")
 _KNOWN = (*SYSTEMS, "given")
-KB_EV_PER_K = 8.617333262e-5
 
 #: Unimodular change of lattice basis of the triclinic variant: ``cell' = _BASIS @ cell``
 #: (rows a, a + b, b + c): the same lattice, hence the same crystal, in a skewed cell.
@@ -80,18 +79,10 @@ def boundary_variant(batch: Batch, name: str) -> Batch:
 
 def thermal_velocities(batch: Batch, temperature_K: float, seed: int = 0) -> torch.Tensor:
     """Maxwell-Boltzmann velocities (ASE units), zero total momentum per system;
-    drawn in float64 from ``seed`` (the same on every call)."""
-    g = torch.Generator().manual_seed(seed)
-    masses = batch.masses.double().cpu()
-    v = torch.randn(batch.n_atoms, 3, generator=g, dtype=torch.float64)
-    v = v * torch.sqrt(KB_EV_PER_K * temperature_K / masses)[:, None]
-    index = batch.system_index.cpu()
-    momentum = torch.zeros(batch.n_systems, 3, dtype=torch.float64).index_add(
-        0, index, masses[:, None] * v
-    )
-    mass = torch.zeros(batch.n_systems, dtype=torch.float64).index_add(0, index, masses)
-    v = v - (momentum / mass[:, None]).index_select(0, index)
-    return v.to(dtype=batch.dtype, device=batch.device)
+    drawn in float64 from ``seed`` (the same on every call): :func:`nvdd.core.maxwell_boltzmann`."""
+    return maxwell_boltzmann(
+        batch.masses, temperature_K, seed=seed, system_index=batch.system_index, dtype=batch.dtype
+    ).to(batch.device)
 
 
 def variants(batch: Batch, systems: Sequence[str], temperature_K: float) -> list[tuple[str, Batch]]:
