@@ -420,22 +420,32 @@ def predict(
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_options(
+    p: argparse.ArgumentParser, *, cells: list[int], dtypes: list[str], name: str
+) -> None:
+    """The options this script and ``validate_scaling.py`` share (model, system,
+    timing, communication model, output), with each script's defaults."""
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--cells", type=int, nargs="+", default=[63, 100])
-    p.add_argument("--dtype", nargs="+", default=["float32", "float64"])
+    p.add_argument("--cells", type=int, nargs="+", default=cells)
+    p.add_argument("--dtype", nargs="+", default=dtypes)
     p.add_argument("--model", choices=("lj", "mpnn", "mace"), default="lj")
     p.add_argument("--mace-size", choices=("medium", "small", "tiny"), default="medium")
     p.add_argument("--cueq", action="store_true", help="MACE with cuEquivariance's kernels")
-    p.add_argument("--grids", nargs="+", default=list(GRIDS), help="rank grids, e.g. 2x1x1")
-    p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--no-graphs", action="store_true", help="eager steps (no CUDA graphs)")
     p.add_argument("--bandwidth-gbs", type=float, default=300.0)
     p.add_argument("--latency-us", type=float, default=20.0)
     p.add_argument("--allreduce-us", type=float, default=15.0)
+    p.add_argument("--out", default=str(harness.RESULTS))
+    p.add_argument("--name", default=None, help=f"default: scaling-{name}-MODEL")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_options(p, cells=[63, 100], dtypes=["float32", "float64"], name="predicted")
+    p.add_argument("--grids", nargs="+", default=list(GRIDS), help="rank grids, e.g. 2x1x1")
+    p.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     p.add_argument(
         "--calibrate",
         action="store_true",
@@ -443,8 +453,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "real runtime's (DomainParallel with the halo forced on one rank) in the same run",
     )
     p.add_argument("--quick", action="store_true", help="CPU sizes: 4 cells, 2x1x1, 3 steps")
-    p.add_argument("--out", default=str(harness.RESULTS))
-    p.add_argument("--name", default=None, help="default: scaling-predicted-MODEL")
     args = p.parse_args(argv)
     if args.quick:
         args.cells, args.grids, args.steps, args.warmup = [4], ["2x1x1"], 3, 1
