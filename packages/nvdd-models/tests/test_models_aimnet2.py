@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, ValidationError
+from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.spec import StrategyKind
-from nvdd.testing import assert_dd_equivalent, importorskip_extra, run_ranks
+from nvdd.testing import (
+    assert_dd_equivalent,
+    assert_needs_extra,
+    binary_lattice,
+    importorskip_extra,
+    run_ranks,
+)
 
 _MLP = {"activation_fn": "torch.nn.GELU", "last_linear": True, "hidden": [8]}
 #: A tiny AIMNet2 (aimnet's own configuration format): 3 passes, cutoff 2.6 A, the
@@ -80,21 +85,10 @@ def _model(seed: int = 1, channels: int = 1) -> Any:
 def oxide(
     n: tuple[int, int, int], spacing: float = 1.8, seed: int = 0, charge: float = 1.0
 ) -> Batch:
-    """O and Si (2:1) on a jittered simple-cubic lattice, periodic, ids shuffled,
-    total charge ``charge``."""
-    g = torch.Generator().manual_seed(seed)
-    axes = [torch.arange(k, dtype=torch.float64) for k in n]
-    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-    m = grid.shape[0]
-    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
-    return Batch(
-        positions=positions,
-        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
-        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
-        pbc=[True, True, True],
-        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
-        system_extras={"charge": torch.tensor([charge], dtype=torch.float64)},
-    )
+    """``binary_lattice`` (O and Si, 2:1, periodic, ids shuffled) of total charge
+    ``charge``."""
+    batch = binary_lattice(n, spacing, seed=seed)
+    return batch.replace(system_extras={"charge": torch.tensor([charge], dtype=torch.float64)})
 
 
 def _all_pairs(plain: Any, batch: Batch, coulomb: bool = False) -> dict[str, torch.Tensor]:
@@ -126,6 +120,23 @@ def _all_pairs(plain: Any, batch: Batch, coulomb: bool = False) -> dict[str, tor
     return nbops.calc_masks(nbops.set_nb_mode(data))  # type: ignore[no-any-return]
 
 
+def _aimnet_own(model: Any, batch: Batch) -> dict[str, torch.Tensor]:
+    """aimnet's own forward (``forward_prepared`` of a copy of the wrapped module) on
+    :func:`_all_pairs` of an open ``batch``: the systems' energies and the real
+    rows' forces (autograd) and charges, detached."""
+    plain = copy.deepcopy(model.aimnet)
+    data = _all_pairs(plain, batch)
+    data["coord"] = data["coord"].detach().requires_grad_(True)
+    ref = plain.forward_prepared(data)
+    (grad,) = torch.autograd.grad(ref["energy"].sum(), data["coord"])
+    n = batch.n_atoms
+    return {
+        "energy": ref["energy"].detach(),
+        "forces": -grad[:n],
+        "charges": ref["charges"][:n].detach(),
+    }
+
+
 def test_the_wrapper_is_aimnet_and_a_model_file_round_trips(tmp_path: Path) -> None:
     """On one process the wrapper equals the unwrapped AIMNet2 (aimnet's own
     forward body, charge equilibration and output sums, on an all-pairs neighbour
@@ -145,17 +156,12 @@ def test_the_wrapper_is_aimnet_and_a_model_file_round_trips(tmp_path: Path) -> N
     b = b.replace(atom_ids=b.atom_ids + 1)  # (ids unique across the two)
     batch = Batch.concatenate([a, b]).replace(pbc=torch.zeros(2, 3, dtype=torch.bool))
     got = model(batch)
-    plain = copy.deepcopy(model.aimnet)
-    data = _all_pairs(plain, batch)
-    data["coord"] = data["coord"].detach().requires_grad_(True)
-    ref = plain.forward_prepared(data)
-    (grad,) = torch.autograd.grad(ref["energy"].sum(), data["coord"])
-    n = batch.n_atoms
-    assert torch.allclose(got["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
-    assert float((got["forces"] + grad[:n]).abs().max()) < 1e-10
-    assert float(grad[:n].abs().max()) > 1e-3  # forces that could be wrong
+    ref = _aimnet_own(model, batch)
+    assert torch.allclose(got["energy"], ref["energy"], rtol=0, atol=1e-10)
+    assert float((got["forces"] - ref["forces"]).abs().max()) < 1e-10
+    assert float(ref["forces"].abs().max()) > 1e-3  # forces that could be wrong
     charges = model.charges(batch)
-    assert float((charges - ref["charges"][:n].detach()).abs().max()) < 1e-10
+    assert float((charges - ref["charges"]).abs().max()) < 1e-10
     totals = torch.zeros(2, dtype=torch.float64).index_add(0, batch.system_index, charges)
     assert torch.allclose(totals, torch.tensor([1.0, -2.0], dtype=torch.float64), atol=1e-3)
     assert torch.allclose(got["atom_energies"].sum(), got["energy"].sum(), atol=1e-10)
@@ -196,15 +202,10 @@ def test_an_open_shell_model_equals_aimnet_and_is_exact_under_dd() -> None:
         },
     )
     got = model(batch)
-    plain = copy.deepcopy(model.aimnet)
-    data = _all_pairs(plain, batch)
-    data["coord"] = data["coord"].detach().requires_grad_(True)
-    ref = plain.forward_prepared(data)
-    (grad,) = torch.autograd.grad(ref["energy"].sum(), data["coord"])
-    n = batch.n_atoms
-    assert torch.allclose(got["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
-    assert float((got["forces"] + grad[:n]).abs().max()) < 1e-10
-    assert float((model.charges(batch) - ref["charges"][:n].detach()).abs().max()) < 1e-10
+    ref = _aimnet_own(model, batch)
+    assert torch.allclose(got["energy"], ref["energy"], rtol=0, atol=1e-10)
+    assert float((got["forces"] - ref["forces"]).abs().max()) < 1e-10
+    assert float((model.charges(batch) - ref["charges"]).abs().max()) < 1e-10
     singlets = batch.replace(system_extras={**batch.system_extras, "mult": torch.ones(2).double()})
     assert float((model(singlets)["energy"] - got["energy"]).abs().max()) > 1e-6  # (it reads mult)
     one = oxide((4, 3, 3), charge=-1.0)
@@ -463,15 +464,11 @@ def test_aimnet2_is_exact_under_domain_decomposition() -> None:
 
 def test_without_aimnet_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """No aimnet (its import fails): an OptionalDependencyError naming the extra."""
-    for name in [m for m in sys.modules if m == "aimnet" or m.startswith("aimnet.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "aimnet", None)  # import aimnet -> ImportError
     from nvdd.models import AIMNet2Model
 
-    for call in (
+    calls = (
         lambda: AIMNet2Model(torch.nn.Linear(1, 1)),
         lambda: AIMNet2Model.from_config(CONFIG),
         lambda: AIMNet2Model.from_file("model.pt"),
-    ):
-        with pytest.raises(OptionalDependencyError, match=r"pip install 'nvdd-models\[aimnet2\]'"):
-            call()
+    )
+    assert_needs_extra(monkeypatch, "aimnet", "nvdd-models[aimnet2]", calls)

@@ -7,7 +7,6 @@ sevenn``); without it these tests skip, or fail where ``NVDD_REQUIRE_EXTRAS=1``.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from nvdd.core import Batch, OptionalDependencyError
 from nvdd.spec import StrategyKind
-from nvdd.testing import assert_dd_equivalent, importorskip_extra
+from nvdd.testing import (
+    assert_dd_equivalent,
+    assert_needs_extra,
+    binary_lattice,
+    importorskip_extra,
+)
 
 #: A tiny SevenNet: 2 interaction layers, 4 channels, lmax 1, cutoff 2.6 A.
 CONFIG: dict[str, Any] = {
@@ -41,22 +44,6 @@ def _model(dtype: torch.dtype = torch.float64, seed: int = 1) -> Any:
     return SevenNetModel.from_config(CONFIG, seed=seed, dtype=dtype, skin=0.3)
 
 
-def oxide(n: tuple[int, int, int], spacing: float = 2.2, seed: int = 0) -> Batch:
-    """O and Si (2:1) on a jittered simple-cubic lattice, periodic, ids shuffled."""
-    g = torch.Generator().manual_seed(seed)
-    axes = [torch.arange(k, dtype=torch.float64) for k in n]
-    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-    m = grid.shape[0]
-    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
-    return Batch(
-        positions=positions,
-        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
-        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
-        pbc=[True, True, True],
-        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
-    )
-
-
 def test_the_wrapper_is_sevennet_and_a_checkpoint_round_trips(tmp_path: Path) -> None:
     """On one process the wrapper equals sevenn's own ASE calculator (its graph
     builder, its force module) on a periodic and an open system; a checkpoint that
@@ -78,7 +65,7 @@ def test_the_wrapper_is_sevennet_and_a_checkpoint_round_trips(tmp_path: Path) ->
     full = model.sevennet.sevenn_config
     plain = build_E3_equivariant_model(full)  # sevenn's model, its force module kept
     plain.load_state_dict(model.sevennet.state_dict(), strict=False)
-    batch = oxide((4, 3, 3), spacing=1.9, seed=5).to(dtype=torch.float32)
+    batch = binary_lattice((4, 3, 3), spacing=1.9, seed=5).to(dtype=torch.float32)
     for pbc in ([True, True, True], [False, False, False]):
         b = batch.replace(pbc=torch.tensor([pbc]))
         got = model(b)
@@ -117,7 +104,7 @@ def test_sevennet_is_exact_under_domain_decomposition() -> None:
     folded). One spawn per world size, both systems in it."""
     model = _model()
     report = assert_dd_equivalent(
-        model, oxide((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
+        model, binary_lattice((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
     )
     assert report.passed and len(report.cases) == 6
     assert "receptive_field(L=2, fold)" in report.spec
@@ -127,16 +114,11 @@ def test_sevennet_is_exact_under_domain_decomposition() -> None:
 
 def test_without_sevenn_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """No sevenn (its import fails): an OptionalDependencyError naming the extra."""
-    for name in [m for m in sys.modules if m == "sevenn" or m.startswith("sevenn.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "sevenn", None)  # import sevenn -> ImportError
-    monkeypatch.setitem(sys.modules, "sevenn.nn.sequential", None)
     from nvdd.models import SevenNetModel
 
-    for call in (
+    calls = (
         lambda: SevenNetModel(torch.nn.Linear(1, 1)),
         lambda: SevenNetModel.from_config(CONFIG),
         lambda: SevenNetModel.from_checkpoint("checkpoint.pth"),
-    ):
-        with pytest.raises(OptionalDependencyError, match=r"pip install 'nvdd-models\[sevenn\]'"):
-            call()
+    )
+    assert_needs_extra(monkeypatch, "sevenn", "nvdd-models[sevenn]", calls)

@@ -14,9 +14,15 @@ from typing import Any
 import pytest
 import torch
 
-from nvdd.core import Batch, ConfigurationError, OptionalDependencyError, ValidationError
+from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.spec import StrategyKind
-from nvdd.testing import assert_dd_equivalent, importorskip_extra, run_ranks
+from nvdd.testing import (
+    assert_dd_equivalent,
+    assert_needs_extra,
+    binary_lattice,
+    importorskip_extra,
+    run_ranks,
+)
 
 #: A tiny UMA backbone: 8 channels, lmax 1, cutoff 2.6 A, one task.
 BACKBONE: dict[str, Any] = {
@@ -75,22 +81,6 @@ def _model(
     )
 
 
-def oxide(n: tuple[int, int, int], spacing: float = 2.2, seed: int = 0) -> Batch:
-    """O and Si (2:1) on a jittered simple-cubic lattice, periodic, ids shuffled."""
-    g = torch.Generator().manual_seed(seed)
-    axes = [torch.arange(k, dtype=torch.float64) for k in n]
-    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-    m = grid.shape[0]
-    positions = (grid + 0.5) * spacing + 0.1 * torch.randn(m, 3, generator=g, dtype=torch.float64)
-    return Batch(
-        positions=positions,
-        atomic_numbers=torch.where(torch.rand(m, generator=g) < 2 / 3, 8, 14),
-        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
-        pbc=[True, True, True],
-        atom_ids=torch.randperm(m, generator=g) * 3 + 2,
-    )
-
-
 def _fairchem_own(hydra: Any, batch: Batch, task: str) -> tuple[float, torch.Tensor]:
     """Energy and forces of fairchem's HydraModel on the whole periodic system with
     its OWN radius graph (otf_graph on), its own heads and autograd forces."""
@@ -129,7 +119,7 @@ def test_the_wrapper_is_fairchem_and_moe_is_merged_for_the_composition() -> None
     assert model.layers == 3 and model.cutoff == 2.6 and model.task == "omat"
     spec = model.distribution_spec(StrategyKind.GRAPH_PARTITION)
     assert spec.name == "receptive_field(L=3, fold)"
-    batch = oxide((3, 3, 3), spacing=1.9, seed=5)
+    batch = binary_lattice((3, 3, 3), spacing=1.9, seed=5)
     got = model(batch)
     e_ref, f_ref = _fairchem_own(model.hydra, batch, "omat")
     assert abs(float(got["energy"][0]) - e_ref) < 1e-10 * max(1.0, abs(e_ref))
@@ -170,7 +160,7 @@ def test_uma_is_exact_under_domain_decomposition() -> None:
     per world size, both systems in it."""
     model = _model(activation_checkpointing=200)
     report = assert_dd_equivalent(
-        model, oxide((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
+        model, binary_lattice((4, 4, 4)), ranks=(2, 3, 4), steps=2, systems=("periodic", "open")
     )
     assert report.passed and len(report.cases) == 6
     assert "receptive_field(L=2, fold)" in report.spec
@@ -187,7 +177,7 @@ def test_uma_refreshing_ghost_rows_per_block_is_exact_under_dd() -> None:
     refreshes). On one process it is the default model."""
     model = _model(halo="refresh", num_layers=2)
     assert model.distribution_spec().name == "SPEC_UMA_HALO"
-    batch = oxide((4, 4, 4))
+    batch = binary_lattice((4, 4, 4))
     plain = _model(num_layers=2)(batch)
     got = model(batch)
     assert float((got["forces"] - plain["forces"]).abs().max()) < 1e-12
@@ -201,17 +191,17 @@ def test_uma_refreshing_ghost_rows_per_block_is_exact_under_dd() -> None:
 
 
 def _merged_run(run_seed: int) -> dict[str, Any]:
-    """Rank function: a mixture UMA merged for ``oxide((4, 4, 4), seed=0)``
+    """Rank function: a mixture UMA merged for ``binary_lattice((4, 4, 4), seed=0)``
     (O:Si ~ 2:1) in two VelocityVerlet steps under DomainParallel of
-    ``oxide((4, 4, 4), seed=run_seed)``; per step, the all-reduces of an
+    ``binary_lattice((4, 4, 4), seed=run_seed)``; per step, the all-reduces of an
     ``(n_systems, 128)`` tensor (the composition check's) counted."""
     from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
     from nvdd.models import UMAModel
 
     kw: dict[str, Any] = {"task": "omol", "charge": 1, "spin": 2, "dtype": torch.float64}
     hydra = UMAModel.from_config(MOE, MOE_HEADS, seed=4, **kw).hydra
-    model = UMAModel(hydra, merge_for=oxide((4, 4, 4)), skin=0.3, **kw)
-    dyn = VelocityVerlet(model, oxide((4, 4, 4), seed=run_seed), dt_fs=0.5)
+    model = UMAModel(hydra, merge_for=binary_lattice((4, 4, 4)), skin=0.3, **kw)
+    dyn = VelocityVerlet(model, binary_lattice((4, 4, 4), seed=run_seed), dt_fs=0.5)
     reduces: list[int] = []
     original = torch.distributed.all_reduce
 
@@ -242,7 +232,9 @@ def test_a_merged_mixture_refuses_another_composition_under_dd_on_every_rank() -
     error naming both compositions (counted over all ranks); on the same one it
     runs, and only the first step pays the check's all-reduce."""
     _fairchem()
-    compositions = [oxide((4, 4, 4), seed=s).atomic_numbers.bincount(minlength=15) for s in (0, 1)]
+    compositions = [
+        binary_lattice((4, 4, 4), seed=s).atomic_numbers.bincount(minlength=15) for s in (0, 1)
+    ]
     assert not torch.equal(compositions[0], compositions[1])
     other = run_ranks(_merged_run, 2, 1, timeout_s=120)
     n8, n14 = (int(compositions[1][z]) for z in (8, 14))
@@ -343,7 +335,7 @@ def test_a_uma_step_needs_no_more_memory_than_fairchems_predictor(tmp_path: Any)
     shape |= {"num_layers": 3, "cutoff": 4.0, "dataset_mapping": {"omat": "omat"}}
     path = tmp_path / "uma.pt"
     _inference_checkpoint(path, shape)
-    batch = oxide((4, 4, 4), spacing=2.2).to(dtype=torch.float32)
+    batch = binary_lattice((4, 4, 4), spacing=2.2).to(dtype=torch.float32)
     atoms = Atoms(
         numbers=batch.atomic_numbers.numpy(),
         positions=batch.positions.numpy(),
@@ -376,7 +368,7 @@ def test_activation_checkpoint_chunks_change_nothing() -> None:
     """Chunks of a few edges (many per block) give the forces and energies of no
     checkpointing, float64 at 1e-12; the option is validated; freeze=False keeps
     the parameters trainable."""
-    batch = oxide((3, 3, 3), spacing=1.9, seed=2)
+    batch = binary_lattice((3, 3, 3), spacing=1.9, seed=2)
     off = _model(seed=5, num_layers=2, activation_checkpointing=False)
     chunked = _model(seed=5, num_layers=2, activation_checkpointing=20)
     assert off.checkpoint_chunk is None and chunked.checkpoint_chunk == 20
@@ -406,7 +398,7 @@ def test_uma_checks_atomic_numbers_once_not_on_every_step(
     from nvdd.testing import fake_accelerator, record_host_syncs, to_fake
 
     model = _model(seed=2)
-    batch = oxide((3, 3, 3))
+    batch = binary_lattice((3, 3, 3))
     with fake_accelerator() as device:
         fake = to_fake(batch)
         model.to(device)
@@ -438,15 +430,11 @@ def test_uma_checks_atomic_numbers_once_not_on_every_step(
 
 def test_without_fairchem_the_error_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fairchem (its import fails): an OptionalDependencyError naming the extra."""
-    for name in [m for m in sys.modules if m == "fairchem" or m.startswith("fairchem.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "fairchem", None)  # import fairchem -> ImportError
     from nvdd.models import UMAModel
 
-    for call in (
+    calls = (
         lambda: UMAModel(torch.nn.Linear(1, 1)),
         lambda: UMAModel.from_config(BACKBONE),
         lambda: UMAModel.from_checkpoint("checkpoint.pt"),
-    ):
-        with pytest.raises(OptionalDependencyError, match=r"pip install 'nvdd-models\[uma\]'"):
-            call()
+    )
+    assert_needs_extra(monkeypatch, "fairchem", "nvdd-models[uma]", calls)

@@ -70,3 +70,30 @@ def test_a_present_module_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     assert importorskip_extra("json") is json
+
+
+def test_assert_needs_extra_hides_the_package_and_checks_the_hint() -> None:
+    """While the calls run the package's modules are gone and its import fails; a
+    call that names the extra passes, one that names another extra or raises
+    nothing fails the check; the modules are back afterwards."""
+    import sys
+    import types
+
+    from nvdd.core import import_optional
+    from nvdd.testing import assert_needs_extra
+
+    def load() -> object:
+        return import_optional("nvdd_fake_pkg.sub", package="fake", feature="F", extra="x[fake]")
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("nvdd_fake_pkg", "nvdd_fake_pkg.sub"):
+            mp.setitem(sys.modules, name, types.ModuleType(name))
+        assert load() is sys.modules["nvdd_fake_pkg.sub"]  # (present: no error)
+        with pytest.MonkeyPatch.context() as inner:
+            assert_needs_extra(inner, "nvdd_fake_pkg", "x[fake]", [load])
+            assert sys.modules["nvdd_fake_pkg"] is None and "nvdd_fake_pkg.sub" not in sys.modules
+        assert isinstance(sys.modules["nvdd_fake_pkg.sub"], types.ModuleType)  # put back
+        with pytest.MonkeyPatch.context() as inner, pytest.raises(AssertionError, match="x"):
+            assert_needs_extra(inner, "nvdd_fake_pkg", "x[other]", [load])  # another hint
+        with pytest.MonkeyPatch.context() as inner, pytest.raises(pytest.fail.Exception):
+            assert_needs_extra(inner, "nvdd_fake_pkg", "x[fake]", [lambda: None])  # no error

@@ -7,7 +7,9 @@
   :func:`assert_dd_equivalent` (needs ``nvdd-testing[conformance]``, i.e.
   nvdd-dynamics) and :func:`boundary_variant`.
 - :func:`importorskip_extra`: ``pytest.importorskip`` that fails instead of
-  skipping under ``NVDD_REQUIRE_EXTRAS=1`` (CI sessions that install the extras).
+  skipping under ``NVDD_REQUIRE_EXTRAS=1`` (CI sessions that install the extras);
+  :func:`assert_needs_extra`: the install hint a user without the extra gets.
+- :func:`binary_lattice`: a small periodic two-element test system (silica-like).
 """
 
 from nvdd.testing.__about__ import __version__
@@ -18,7 +20,7 @@ from nvdd.testing._conformance import (
     DDTolerances,
     assert_dd_equivalent,
 )
-from nvdd.testing._extras import REQUIRE_EXTRAS_ENV, importorskip_extra
+from nvdd.testing._extras import REQUIRE_EXTRAS_ENV, assert_needs_extra, importorskip_extra
 from nvdd.testing._fake_device import (
     FAKE_DEVICE,
     DeviceMixingError,
@@ -36,7 +38,7 @@ from nvdd.testing._oracle import (
     tolerance_for,
 )
 from nvdd.testing._ranks import RankFailedError, RankTimeoutError, run_ranks
-from nvdd.testing._systems import boundary_variant
+from nvdd.testing._systems import binary_lattice, boundary_variant
 
 __all__ = [
     "FAKE_DEVICE",
@@ -54,9 +56,11 @@ __all__ = [
     "__version__",
     "assert_close_by_id",
     "assert_dd_equivalent",
+    "assert_needs_extra",
     "assert_same_ids",
     "fake_accelerator",
     "record_host_syncs",
+    "binary_lattice",
     "boundary_variant",
     "gather_by_id",
     "importorskip_extra",

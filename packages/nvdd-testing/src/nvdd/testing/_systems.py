@@ -23,7 +23,14 @@ import torch
 
 from nvdd.core import KB_EV_PER_K, Batch, ConfigurationError, maxwell_boltzmann
 
-__all__ = ["KB_EV_PER_K", "SYSTEMS", "boundary_variant", "thermal_velocities", "variants"]
+__all__ = [
+    "KB_EV_PER_K",
+    "SYSTEMS",
+    "binary_lattice",
+    "boundary_variant",
+    "thermal_velocities",
+    "variants",
+]
 
 #: The variants :func:`boundary_variant` knows, in the kit's default order.
 SYSTEMS = ("periodic", "triclinic", "mixed", "open")
@@ -74,6 +81,44 @@ def boundary_variant(batch: Batch, name: str) -> Batch:
     pbc = torch.tensor(_PBC[name]).expand(batch.n_systems, 3).clone()
     return batch.replace(
         positions=positions.to(batch.dtype), cell=cell.to(batch.dtype), pbc=pbc, validate=True
+    )
+
+
+def binary_lattice(
+    cells: tuple[int, int, int],
+    spacing: float = 2.2,
+    *,
+    seed: int = 0,
+    jitter: float = 0.1,
+    species: tuple[int, int] = (8, 14),
+    fraction: float = 2 / 3,
+    id_step: int = 3,
+) -> Batch:
+    """A small periodic test system of two elements on a jittered simple-cubic lattice.
+
+    ``cells[0] x cells[1] x cells[2]`` sites ``spacing`` apart (Angstrom) in an
+    orthorhombic periodic cell, each moved by a normal ``jitter`` (Angstrom),
+    each of element ``species[0]`` with probability ``fraction`` and else
+    ``species[1]`` (by default O and Si, 2:1: a silica-like system), with
+    shuffled, non-contiguous ids (``k * id_step + id_step - 1``). float64;
+    the same batch for the same arguments (drawn from ``seed``).
+
+    Returns
+    -------
+    Batch
+        One system of ``prod(cells)`` atoms.
+    """
+    g = torch.Generator().manual_seed(seed)
+    axes = [torch.arange(k, dtype=torch.float64) for k in cells]
+    grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    m = grid.shape[0]
+    noise = torch.randn(m, 3, generator=g, dtype=torch.float64)
+    return Batch(
+        positions=(grid + 0.5) * spacing + jitter * noise,
+        atomic_numbers=torch.where(torch.rand(m, generator=g) < fraction, *species),
+        cell=torch.diag(torch.tensor(cells, dtype=torch.float64) * spacing),
+        pbc=[True, True, True],
+        atom_ids=torch.randperm(m, generator=g) * id_step + id_step - 1,
     )
 
 
