@@ -127,8 +127,8 @@ def periodic_box(
     device: str,
 ) -> Any:
     """A periodic orthorhombic Batch of ``positions`` (float64) and numbers ``z``, box
-    ``lengths``, 300 K velocities from ``g`` (zero mean), in ``dtype`` on ``device``."""
-    from nvdd.core import Batch
+    ``lengths``, 300 K velocities from ``g`` (zero momentum), in ``dtype`` on ``device``."""
+    from nvdd.core import Batch, maxwell_boltzmann
 
     batch = Batch(
         positions=positions,
@@ -136,9 +136,8 @@ def periodic_box(
         cell=torch.diag(lengths.to(torch.float64)),
         pbc=[True, True, True],
     )
-    v = torch.randn(positions.shape[0], 3, generator=g, dtype=torch.float64)
-    v = v * torch.sqrt(8.617333262e-5 * 300.0 / batch.masses)[:, None]
-    return batch.replace(velocities=v - v.mean(dim=0)).to(dtype=dtype, device=device)
+    v = maxwell_boltzmann(batch.masses, 300.0, generator=g)
+    return batch.replace(velocities=v).to(dtype=dtype, device=device)
 
 
 def build(size: str, dtype: torch.dtype) -> torch.nn.Module:

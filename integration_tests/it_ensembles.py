@@ -14,9 +14,8 @@ import torch
 import torch.distributed as dist
 from it_systems import FCC, LJ_CUTOFF, crystal, lj_model
 
-from nvdd.core import Batch
+from nvdd.core import Batch, maxwell_boltzmann
 from nvdd.dynamics import (
-    KB_EV_PER_K,
     MTKNPT,
     CellDOF,
     DomainConfig,
@@ -48,9 +47,7 @@ def liquid(seed: int = 0, cells: int = 3, a: float = 5.75) -> Batch:
         pbc=[True] * 3,
         atom_ids=torch.randperm(n, generator=g) * 5 + 2,
     )
-    v = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    v *= torch.sqrt(KB_EV_PER_K * 2 * T_K / b.masses)[:, None]
-    return b.replace(velocities=v - v.mean(dim=0))
+    return b.replace(velocities=maxwell_boltzmann(b.masses, 2 * T_K, generator=g))
 
 
 def system(name: str, cells: int = 3) -> Batch:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from nvdd.core import Batch
+from nvdd.core import Batch, maxwell_boltzmann
 from nvdd.dynamics import (
     FIRE,
     MTKNPT,
@@ -50,8 +50,6 @@ from nvdd.dynamics import (
     VelocityVerlet,
 )
 from nvdd.models import LennardJones, LJConfig, MPNNConfig, ReferenceMPNN
-
-KB = 8.617333262e-5
 
 
 # ---------------------------------------------------------------- case generation
@@ -227,10 +225,7 @@ def build_batch(c: dict[str, Any]) -> Batch:
     z = torch.tensor(c["species"])[torch.randint(len(c["species"]), (na,), generator=g)]
     ids = torch.randperm(na * 3, generator=g)[:na] * 2 + 5
     b = Batch(positions=pos, atomic_numbers=z, cell=cell, pbc=pbc, atom_ids=ids)
-    v = torch.randn(na, 3, generator=g, dtype=torch.float64)
-    v *= torch.sqrt(KB * c["temp"] / b.masses)[:, None]
-    v = v - v.mean(dim=0)
-    b = b.replace(velocities=v)
+    b = b.replace(velocities=maxwell_boltzmann(b.masses, c["temp"], generator=g))
     if c["model"] == "lj32":
         b = b.to(dtype=torch.float32)
     return b

@@ -16,7 +16,7 @@ import torch
 from it_ranks import run_dd, single, steady_collectives
 from it_systems import mace_model, oxide, wrapped_max_diff
 
-from nvdd.core import Batch, ConfigurationError, shutdown_distributed
+from nvdd.core import Batch, ConfigurationError, maxwell_boltzmann, shutdown_distributed
 from nvdd.dynamics import DomainConfig, DomainParallel, VelocityVerlet
 from nvdd.spec import DistributionSpec, StrategyKind
 from nvdd.testing import assert_close_by_id, assert_same_ids, run_ranks
@@ -111,10 +111,7 @@ def _mace_system(kind: str) -> Batch:
     batch = oxide((4, 3, 3))
     if kind == "open":
         batch = batch.replace(pbc=torch.zeros_like(batch.pbc))
-    g = torch.Generator().manual_seed(5)
-    v = torch.randn(batch.n_atoms, 3, generator=g, dtype=torch.float64)
-    v *= torch.sqrt(8.617333262e-5 * 3000.0 / batch.masses)[:, None]
-    return batch.replace(velocities=v - v.mean(dim=0))
+    return batch.replace(velocities=maxwell_boltzmann(batch.masses, 3000.0, seed=5))
 
 
 def _mace_gp_rank(
