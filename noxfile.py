@@ -14,7 +14,8 @@ is written twice. Sessions:
                   each its own process, two at a time (``NVDD_CI_LANES``; used by ``ci``;
                   docs/decisions/0075-one-ci-environment.md says what the per-package
                   sessions still add, 0082 why two at a time)
-- ``ci``          the README's test command: deps, lint, checks, docs
+- ``ci``          the README's test command: deps, lint, checks, and beside them (a
+                  second nox process) e3nn06 and docs
 - ``e3nn06``      the tests of the models on e3nn 0.6 (SevenNet ``[sevenn]``, UMA ``[uma]``) in
                   one environment of their own (``sevenn`` is an alias)
 - ``docs``        the docs site (MkDocs, strict: warnings, broken links, undocumented API fail)
@@ -172,7 +173,10 @@ def _torch(session: nox.Session, mode: str) -> tuple[Path, tuple[str, ...]]:
     """Make torch installable or importable in the session: (constraints file,
     extra installer options)."""
     SHARED.mkdir(parents=True, exist_ok=True)
-    constraints = SHARED / f"constraints-{mode}.txt"
+    # one file per session: ci runs two nox processes at once (record 0082), and a
+    # file another one is rewriting would read empty (torch unpinned)
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", session.name)
+    constraints = SHARED / f"constraints-{mode}-{tag}.txt"
     site = session.run(
         "python",
         "-c",
@@ -465,15 +469,43 @@ def sevenn(session: nox.Session) -> None:
     session.notify("e3nn06", session.posargs)
 
 
+#: ``ci``'s own sessions that run in a second nox process beside deps, lint and
+#: checks (their environments are their own; record 0082), and that process.
+CI_BESIDE = ("e3nn06", "docs")
+_beside: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+
 @nox.session(python=False)
 def ci(session: nox.Session) -> None:
     """The README's test command: deps, lint, checks (typecheck and tests of every
-    package, then the integration suite, in one environment), docs."""
+    package, then the integration suite, in one environment), and beside them, in
+    a second nox process, e3nn06 and docs; ``ci_join`` waits for that one and
+    shows its output."""
+    if TORCH_MODE == "cpu" and nox.options.default_venv_backend.startswith("uv"):
+        _torch_wheel()  # (fetched once, before two processes look for it)
+    log = SHARED / "ci-beside.log"
+    SHARED.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        cmd = [sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", *CI_BESIDE]
+        _beside.append((subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT), log))
+    session.log(f"started {', '.join(CI_BESIDE)} beside the others (output: {log})")
     session.notify("deps")
     session.notify("lint")
     session.notify("checks")
-    session.notify("e3nn06")
-    session.notify("docs")
+    session.notify("ci_join")
+
+
+@nox.session(python=False, default=False)
+def ci_join(session: nox.Session) -> None:
+    """Waits for the sessions ``ci`` started beside the others, shows their output,
+    fails if they failed."""
+    if not _beside:
+        session.error("ci_join runs after ci (it waits for what ci started)")
+    proc, log = _beside.pop()
+    rc = proc.wait()
+    sys.stdout.write(log.read_text(errors="replace"))
+    if rc != 0:
+        session.error(f"{', '.join(CI_BESIDE)}: failed (exit {rc})")
 
 
 @nox.session(default=False)
