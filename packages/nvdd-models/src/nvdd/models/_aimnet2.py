@@ -250,10 +250,8 @@ class AIMNet2Model(ReceptiveFieldWrapper):
         or aimnet's own ``load_model``), closed- or open-shell, with outputs
         among ``Output``, ``AtomicShift``, ``AtomicSum``, ``SRCoulomb`` (and
         the non-energy ``Dipole`` / ``Quadrupole``).
-    dtype:
-        Convert the parameters (float32 or float64). Default: keep.
-    device:
-        Move the model. Default: keep.
+    dtype, device:
+        Convert the parameters (float32 or float64), move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
     pad_growth:
@@ -612,11 +610,8 @@ class AIMNet2Model(ReceptiveFieldWrapper):
     def forward(self, batch: Batch) -> ModelOutputs:
         """Energy, forces and per-atom energies of every system of ``batch``.
 
-        When ``batch.positions`` already requires grad (the runtime's autograd
-        leaf under a receptive-field spec) the outputs keep their graph and no
-        forces are returned: the caller differentiates ``atom_energies``.
-        Otherwise the forces are ``-dE/dx`` by autograd and every output is
-        detached.
+        Forces are ``-dE/dx`` by autograd, every output detached; where ``batch.positions``
+        requires grad already (the runtime's leaf) the outputs keep their graph, no forces.
 
         **Collective** under a live DD context: one all-reduce per charge pass
         (and one per pass in the backward).

@@ -103,10 +103,8 @@ class SevenNetModel(ReceptiveFieldWrapper):
     modal:
         The fidelity of a multi-modal model (one of its ``modal_map``); refused for
         a single-modal one.
-    dtype:
-        Convert the parameters (float32 or float64). Default: keep.
-    device:
-        Move the model. Default: keep.
+    dtype, device:
+        Convert the parameters (float32 or float64), move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
 
@@ -257,11 +255,8 @@ class SevenNetModel(ReceptiveFieldWrapper):
     def forward(self, batch: Batch) -> ModelOutputs:
         """Energy, forces and per-atom energies of every system of ``batch``.
 
-        When ``batch.positions`` already requires grad (the runtime's autograd
-        leaf under a receptive-field spec) the outputs keep their graph and no
-        forces are returned: the caller differentiates ``atom_energies`` (or
-        ``energy``). Otherwise the forces are ``-dE/dx`` by autograd and every
-        output is detached.
+        Forces are ``-dE/dx`` by autograd, every output detached; where ``batch.positions``
+        requires grad already (the runtime's leaf) the outputs keep their graph, no forces.
 
         Raises
         ------

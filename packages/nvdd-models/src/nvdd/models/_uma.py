@@ -188,10 +188,8 @@ class UMAModel(ReceptiveFieldWrapper):
         The energy task's normaliser ``rmsd`` and its per-element references
         (shape ``(n_elements,)``): ``E_i = energy_scale * e_i + ref[Z_i]``
         (:meth:`from_checkpoint` reads them from the checkpoint's tasks).
-    dtype:
-        Convert the parameters (float32 or float64). Default: keep.
-    device:
-        Move the model. Default: keep.
+    dtype, device:
+        Convert the parameters (float32 or float64), move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
     halo:
@@ -598,11 +596,8 @@ class UMAModel(ReceptiveFieldWrapper):
     def forward(self, batch: Batch) -> ModelOutputs:
         """Energy, forces and per-atom energies of every system of ``batch``.
 
-        When ``batch.positions`` already requires grad (the runtime's autograd
-        leaf under a receptive-field spec) the outputs keep their graph and no
-        forces are returned: the caller differentiates ``atom_energies``.
-        Otherwise the forces are ``-dE/dx`` by autograd and every output is
-        detached.
+        Forces are ``-dE/dx`` by autograd, every output detached; where ``batch.positions``
+        requires grad already (the runtime's leaf) the outputs keep their graph, no forces.
 
         Raises
         ------
