@@ -26,7 +26,8 @@ from test_models_lj import _GEOMETRIES, _PAIRS, _SPECIES, _geometry_batch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import ForceMode, LennardJones, LJBackend, LJConfig
-from nvdd.models._device_neighbors import DeviceVerletList, FlagMirror, host_words
+from nvdd.models._device_neighbors import DeviceVerletList
+from nvdd.models._search_state import FlagMirror, host_words
 from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
