@@ -10,8 +10,11 @@ rank's steady step is run on this one device in turn, on that rank's real rows:
   to the model's neighbour list (layout ``split``:
   ``DomainConfig(wrap_whole_axes=True)``, record 0079);
 - the Lennard-Jones model with its own device neighbour list on ``[owned | ghost]``
-  with open boundaries, driven by the velocity-Verlet integrator (CUDA graphs as
-  in the raw run);
+  with open boundaries, called as a rank's runtime calls it (under a DD context
+  the model counts owned receivers only: ``n_receivers`` = the owned rows, so the
+  list holds the pairs with an owned end, none between two ghosts, and ghost
+  rows have no list of their own), driven by the velocity-Verlet integrator
+  (CUDA graphs as in the raw run);
 - the pack (gather of the ghost sources), the exchange replaced by a device copy of
   the same bytes, the unpack, the force fold (index-add into the owners) and the
   per-step skin check with its host read.
@@ -27,8 +30,10 @@ latency inside one node). Override them with ``--bandwidth-gbs``,
 ``--latency-us`` and ``--allreduce-us``.
 
 Before any timing, each rank's rows are checked: the forces on its owned atoms
-from the open ``[owned | ghost]`` system equal the forces of the whole periodic
-system (a wrong ghost set would make the prediction meaningless).
+from the open ``[owned | ghost]`` system, with the rank's owned-receiver list
+(``ghost_forces=False``: complete forces on owned rows), equal the forces of the
+whole periodic system (a wrong ghost set would make the prediction meaningless).
+Each rank's row also records ``pairs``, the entries of its neighbour list.
 
     python benchmarks/predict_scaling.py --device cuda --cells 63 100 --dtype float32 float64
     python benchmarks/predict_scaling.py --quick          # CPU, seconds
@@ -222,6 +227,34 @@ class _Scoped:
             return self.inner(batch.replace(positions=leaf))
 
 
+class _Owned:
+    """The LJ model as a rank's runtime calls it: inside a DD context the model
+    takes ``n_receivers`` = the layout's owned rows (``_dd.prepare_rows``), so its
+    neighbour list holds the pairs with an owned end and none between two ghosts,
+    and its ghost rows get ``-dE_local/dx`` to fold. The bound is passed directly,
+    which keeps the steps capturable as in the raw run (the list and kernels are
+    the same as under the context)."""
+
+    def __init__(self, model: Any, n_owned: int) -> None:
+        self.inner = model
+        self.n_owned = n_owned
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __call__(self, batch: Any) -> Any:
+        return self.inner(batch, n_receivers=self.n_owned)
+
+
+def list_pairs(model: Any, local: Any, n_owned: int) -> int:
+    """Entries of the owned-receiver neighbour list of the LJ ``model`` on ``local``
+    (each pair with an owned end once; a pair of two ghosts is never listed)."""
+    matrix = model.device_neighbors(
+        local.positions, local.cell, local.pbc, local.system_index, n_receivers=n_owned
+    )
+    return int(matrix.counts.clamp(min=0).sum())
+
+
 def _timed(fn: Callable[[], Any], steps: int, warmup: int, device: str) -> float:
     """ms per call of ``fn`` over ``steps`` calls after ``warmup``."""
     for _ in range(warmup):
@@ -235,9 +268,10 @@ def _timed(fn: Callable[[], Any], steps: int, warmup: int, device: str) -> float
 
 
 def check_rank(model: Any, full_forces: torch.Tensor, owned: torch.Tensor, local: Any) -> float:
-    """max |F_local(owned) - F_periodic(owned)|: zero up to rounding when the ghost set is complete."""
-    out = model(local)
+    """max |F_local(owned) - F_periodic(owned)|: zero up to rounding when the ghost
+    set is complete (the rank's owned-receiver list; owned rows complete, no fold)."""
     n = owned.numel()
+    out = model(local, n_receivers=n, ghost_forces=False)
     return float((out["forces"][:n] - full_forces[owned]).abs().max()) if n else 0.0
 
 
@@ -268,6 +302,8 @@ def time_rank(
         model.registry.install()
         adapters = {"adapters": sum(s.applied for s in model.registry.statuses)}
         dt_fs = MACE_DT_FS if type(model.inner).__name__ == "MACEModel" else DT_FS
+    else:  # LJ: the owned receivers of a rank's runtime
+        model = _Owned(model, n_o)
     try:
         dyn = VelocityVerlet(model, local, dt_fs=dt_fs, cuda_graphs=graphs and not scoped)
         model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
@@ -363,12 +399,13 @@ def predict(
             per_rank = []
             for coords in itertools.product(*(range(k) for k in grid)):
                 owned, src, shift = rank_rows(frac, grid, coords, width, layout)
-                err = None
+                err, pairs = None, None
                 if not mpnn:
                     local = local_system(batch, owned, src, shift, pbc)
                     err = check_rank(model, full_forces, owned, local)
                     if not err <= tol * scale:
                         raise AssertionError(f"rank {coords} of {spec} ({layout}): |dF| {err:.3e}")
+                    pairs = list_pairs(model, local, owned.numel())
                     del local
                 t = time_rank(
                     model,
@@ -385,7 +422,13 @@ def predict(
                 )
                 t["total_ms"] = sum(v for k, v in t.items() if k.endswith("_ms"))
                 per_rank.append(
-                    {"owned": owned.numel(), "ghost": src.numel(), "force_err": err, **t}
+                    {
+                        "owned": owned.numel(),
+                        "ghost": src.numel(),
+                        "force_err": err,
+                        "pairs": pairs,
+                        **t,
+                    }
                 )
             slow = max(per_rank, key=lambda r: r["total_ms"])
             sent = max(r["ghost"] for r in per_rank) * 3 * itemsize
@@ -414,6 +457,8 @@ def predict(
                     "speedup": raw_ms / predicted,
                     "overhead": slow["total_ms"] / (raw_ms * slow["owned"] / n),
                     "max_force_err": None if mpnn else max(r["force_err"] for r in per_rank),
+                    # each rank's model counts owned receivers only, as under the runtime
+                    "receivers": "owned",
                     "per_rank": per_rank,
                 }
             )

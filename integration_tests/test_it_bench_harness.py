@@ -136,11 +136,15 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
         assert row["grid"] == "2x1x1" and row["ranks"] == 2
         assert sum(r["owned"] for r in row["per_rank"]) == raw["atoms"] == 256
         assert row["max_force_err"] < 1e-12  # owned forces = the periodic system's
+        assert row["receivers"] == "owned"  # each rank's list as under the runtime
+        assert all(r["pairs"] > 0 for r in row["per_rank"])
         assert row["bytes_per_exchange"] == row["ghost_max"] * 3 * 8
         assert row["predicted_ms"] > row["slowest"]["total_ms"] > 0
     # rows only across the split axis: fewer ghosts than images on every face
     assert split["ghost_max"] < faces["ghost_max"]
-    assert "## Scaling predicted from one GPU" in render.render(render.load_results(tmp_path))
+    page = render.render(render.load_results(tmp_path))
+    assert "## Scaling predicted from one GPU" in page
+    assert "holds only the pairs with\nan owned end (none between two ghosts)" in page
 
     # the MPNN: its ranks inside a DD context, feature refreshes on the wire
     assert ps.main(["--quick", "--model", "mpnn", "--out", str(tmp_path)]) == 0
@@ -160,3 +164,61 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     thin = 0.5 * (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
     owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), thin)
     assert ps.check_rank(model, full, owned, ps.local_system(batch, owned, src, shift)) > 1e-6
+
+
+@pytest.mark.parametrize("grid", [(2, 1, 1), (2, 2, 2)], ids=["2x1x1", "2x2x2"])
+def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
+    grid: tuple[int, int, int],
+) -> None:
+    """The LJ model as an emulated rank runs it (``predict_scaling._Owned``: the
+    runtime's owned receivers) lists only pairs with an owned end, never two
+    ghosts, and no ghost row; fewer entries than the every-row list the
+    emulation ran before. Folded over the ranks (ghost forces into their owners,
+    partials summed), the ranks give the whole periodic system's forces, energy,
+    virial and atom energies (fp64)."""
+    import itertools
+
+    import torch
+
+    from benchmarks import predict_scaling as ps
+
+    batch = harness.argon_fcc(4, dtype=torch.float64)  # 256 atoms, box 21 A
+    kick = torch.randn(batch.positions.shape, generator=torch.Generator().manual_seed(3))
+    moved = (batch.positions + 0.2 * kick.double()) @ torch.linalg.inv(batch.cell[0])
+    batch = batch.replace(positions=torch.remainder(moved, 1.0) @ batch.cell[0])  # in the box
+    ref = ps._model("cpu", torch.float64)(batch)
+    assert float(ref["forces"].abs().max()) > 1e-2
+    width = (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
+    frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
+    forces = torch.zeros_like(ref["forces"])
+    atom_energies = torch.zeros_like(ref["atom_energies"])
+    energy, virial = torch.zeros_like(ref["energy"]), torch.zeros_like(ref["virial"])
+    for coords in itertools.product(*(range(k) for k in grid)):
+        owned, src, shift = ps.rank_rows(frac, grid, coords, width)
+        local = ps.local_system(batch, owned, src, shift)
+        n = owned.numel()
+        rank = ps._Owned(ps._model("cpu", torch.float64), n)
+        out = rank(local)
+        matrix = rank.device_neighbors(
+            local.positions, local.cell, local.pbc, local.system_index, n_receivers=n
+        )
+        i, j, _ = matrix.pairs()
+        assert matrix.n_rows == n and bool((i < n).all())  # no ghost row has a list
+        assert int(((i >= n) & (j >= n)).sum()) == 0  # no pair of two ghosts
+        every_row = ps._model("cpu", torch.float64).device_neighbors(
+            local.positions, local.cell, local.pbc, local.system_index
+        )
+        ei, ej, _ = every_row.pairs()
+        assert int(((ei >= n) & (ej >= n)).sum()) > 0  # what the emulation listed before
+        assert ps.list_pairs(rank, local, n) == i.numel() == int(((ei < n) | (ej < n)).sum())
+        rows = torch.cat([owned, src])
+        forces.index_add_(0, rows, out["forces"])
+        atom_energies.index_add_(0, owned, out["atom_energies"][:n])
+        assert float(out["atom_energies"][n:].abs().max()) == 0
+        energy += out["energy"]
+        virial += out["virial"]
+    scale = float(ref["forces"].abs().max())
+    assert float((forces - ref["forces"]).abs().max()) <= 1e-10 * scale
+    torch.testing.assert_close(atom_energies, ref["atom_energies"], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(energy, ref["energy"], rtol=1e-12, atol=0)
+    torch.testing.assert_close(virial, ref["virial"], rtol=1e-10, atol=1e-10)
