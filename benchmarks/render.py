@@ -624,10 +624,22 @@ def _round4(rows: list[dict[str, Any]]) -> str:
     if over:
         text += (
             f"; above 1.03: {', '.join(over)}, a single run whose\n"
-            "other-precision twin moved the other way (not repeated: the session's device\n"
-            "time was spent)"
+            "other-precision twin moved the other way"
         )
-    return text + ".\n"
+    return text + ".\n" + _round5(rows)
+
+
+def _round5(rows: list[dict[str, Any]]) -> str:
+    """Round 5's sentence: the MPNN rows again, two runs a side, alternated."""
+    five = [r for r in rows if r["round"] == 5]
+    if not five:
+        return ""
+    ratios = [r["b_over_a"] for r in five]
+    return (
+        "Round 5 repeats the MPNN rows (two runs a side, alternated A B A B, against the\n"
+        f"same A): B / A from {num(min(ratios), 3)} to {num(max(ratios), 3)}, so round 4's\n"
+        "row above 1.03 was run-to-run spread.\n"
+    )
 
 
 SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
