@@ -222,3 +222,28 @@ def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
     torch.testing.assert_close(atom_energies, ref["atom_energies"], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(energy, ref["energy"], rtol=1e-12, atol=0)
     torch.testing.assert_close(virial, ref["virial"], rtol=1e-10, atol=1e-10)
+
+
+def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
+    """``predict_scaling.hold_ghosts``: steps of an emulated rank move its owned
+    rows and leave its ghost rows where they are (on a rank they move only with
+    the exchange; drifting under -dE_local/dx they would rebuild the list more
+    often than the runtime does)."""
+    import torch
+
+    from benchmarks import predict_scaling as ps
+    from nvdd.dynamics import VelocityVerlet
+
+    batch = harness.argon_fcc(4, dtype=torch.float64)
+    width = (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
+    frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
+    owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), width)
+    n = owned.numel()
+    local = ps.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
+    assert float(local.velocities[n:].abs().max()) == 0 and bool((local.masses[:n] < 100).all())
+    start = local.positions.clone()
+    dyn = VelocityVerlet(ps._Owned(ps._model("cpu", torch.float64), n), local, dt_fs=ps.DT_FS)
+    dyn.run(3)
+    moved = (dyn.batch.positions - start).abs().amax(dim=1)
+    assert float(moved[:n].max()) > 1e-3
+    assert float(moved[n:].max()) < 1e-20
