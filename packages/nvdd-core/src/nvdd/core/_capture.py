@@ -99,7 +99,7 @@ def _active() -> _Active | None:
 
 def capturing() -> bool:
     """Whether a step is being captured on this thread (CUDA graph or emulation)."""
-    return _active() is not None
+    return getattr(_local, "active", None) is not None  # (asked many times a step)
 
 
 def after_replay(fn: Callable[[], bool]) -> None:

@@ -60,16 +60,22 @@ def _warp() -> Any:
     return _WARP[0]
 
 
-def _identity(value: object) -> object:
-    if isinstance(value, torch.Tensor):
-        return (value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
-    return (type(value), value)
-
-
-def _kind(value: object) -> object:
-    if isinstance(value, torch.Tensor):
-        return (value.dtype, value.dim())
-    return type(value)
+def _keys(args: Sequence[object]) -> tuple[list[object], tuple[object, ...]]:
+    """The identity of every argument (a tensor's pointer, shape, strides and
+    dtype; a scalar's type and value: what a record holds) and their kinds (a
+    tensor's dtype and rank; a scalar's type: what selects the record), in one
+    pass over ``args`` (a launch's host cost is mostly per argument)."""
+    keys: list[object] = []
+    kinds: list[object] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            shape = tuple(a.shape)
+            keys.append((a.data_ptr(), shape, tuple(a.stride()), a.dtype))
+            kinds.append((a.dtype, len(shape)))
+        else:
+            keys.append((type(a), a))
+            kinds.append(type(a))
+    return keys, tuple(kinds)
 
 
 def _descriptor(array_t: Any, t: torch.Tensor) -> Any:
@@ -171,7 +177,7 @@ class RecordedKernel:
         dims = (dim,) if isinstance(dim, int) else tuple(dim)
         if min(dims) == 0:
             return
-        wp = _warp()
+        wp = _WARP[0] if _WARP else _warp()
         if device.type == "cuda" and device.index is None:  # (Warp needs the ordinal)
             device = torch.device("cuda", torch.cuda.current_device())
         prepare = self._prepare
@@ -182,8 +188,8 @@ class RecordedKernel:
         if device.type not in ("cpu", "cuda"):  # a test's fake device: its checks see it
             self._plain(wp, dim, values, device)
             return
-        keys = [_identity(a) for a in args]
-        signature = (device, dtype, role, *(_kind(a) for a in args))
+        keys, kinds = _keys(args)
+        signature = (device, dtype, role, kinds)
         found = self._records.get(signature)
         if found is None:
             launch = wp.launch(

@@ -527,7 +527,7 @@ class HaloPlan:
             shape = tuple(cell.shape) if isinstance(cell, torch.Tensor) else type(cell).__name__
             msg = f"cell has shape {shape}, expected ({self.n_systems}, 3, 3)"
         self._raise(msg)
-        ghosts = self.forward(positions)
+        ghosts = forward_exchange(self._route, positions)  # (the rows checked just above)
         image = self.ghost_image_as(cell.dtype, cell.device)
         if self.n_systems == 1:
             shift = image @ cell[0]

@@ -304,6 +304,7 @@ class DeviceVerletList:
         self._skin = float(skin)
         self._half = bool(half)
         self._cells = int(cells_per_cutoff)
+        self._radius = (self._cutoff + self._skin) * (1.0 + _RADIUS_MARGIN)
         self.defer_errors = bool(defer_errors)
         if max_capacity is not None and (isinstance(max_capacity, bool) or max_capacity < 1):
             raise config_error(f"max_capacity must be an int >= 1 or None, got {max_capacity!r}")
@@ -340,7 +341,7 @@ class DeviceVerletList:
     @property
     def radius(self) -> float:
         """The search radius: ``cutoff + skin``, plus 0.01 % for rounding."""
-        return (self._cutoff + self._skin) * (1.0 + _RADIUS_MARGIN)
+        return self._radius
 
     @property
     def half(self) -> bool:
@@ -477,8 +478,9 @@ class DeviceVerletList:
         pos = positions.detach()
         cell_d = cell.detach()
         state = self._state
-        if state is not None and not capturing():  # (a replay polls after it: _replayed)
-            self._poll(state, wait=False)
+        capture = capturing()  # (asked once a call: the chain below is told)
+        if state is not None and not capture and state.mirror.ready(wait=False):
+            self._inspect(state, state.mirror.values)  # (a replay polls after it: _replayed)
         key = (n_atoms, n_systems, pos.dtype, pos.device, n_recv, topology)
         force = state is None or state.key != key or self._regrow > 0
         if force:
@@ -500,8 +502,9 @@ class DeviceVerletList:
         track = not self._seen_system.same(system_index)
         if track and not validated:
             _check_system_range(system_index, n_systems)
-        self._run(state, pos, cell_d, system_index, force=force, track=track)
-        self._seen_system.remember(system_index)
+        self._run(state, pos, cell_d, system_index, force=force, track=track, capture=capture)
+        if track:
+            self._seen_system.remember(system_index)
         return NeighborMatrix(
             neighbors=state.neighbors,
             counts=state.counts,
@@ -509,7 +512,7 @@ class DeviceVerletList:
             periodic=state.periodic,
             half=self._half,
             n_receivers=state.n_recv,
-            radius=self.radius,
+            radius=self._radius,
             state=state,
         )
 
@@ -535,9 +538,11 @@ class DeviceVerletList:
         *,
         force: bool,
         track: bool,
+        capture: bool,
     ) -> None:
-        """Launch the check and the build chain; host-side rebuilds size the matrix."""
-        if capturing():  # a step capture: the device decides everything (see the notes)
+        """Launch the check and the build chain; host-side rebuilds size the matrix
+        (``capture``: a step capture records the call, see the notes)."""
+        if capture:  # a step capture: the device decides everything
             if force:
                 raise CaptureError(
                     "DeviceVerletList: this call rebuilds on the host (a new shape, pbc, "
@@ -547,15 +552,16 @@ class DeviceVerletList:
             # The call number is frozen in the graph: clear the request of a previous
             # replay so that a replay rebuilds only when its own check asks for it.
             state.flags[ck.F_REBUILD].zero_()
-            self._launch_chain(state, pos, cell, system_index, force=False, track=track)
+            self._launch_chain(state, pos, cell, system_index, force=False, track=track, idle=False)
             after_replay(lambda: self._replayed(state))
             return
         self.host_rebuilds += int(force)
         # a list sized by an earlier read may rebuild without waiting for its flags
         wait = force and not (self._sized and not self.wait_for_host_builds)
+        idle = self.skip_idle_launches
         while True:
             self._call = (self._call + 1) & 0x3FFFFFFF
-            self._launch_chain(state, pos, cell, system_index, force=force, track=track)
+            self._launch_chain(state, pos, cell, system_index, force=force, track=track, idle=idle)
             if not wait:  # a steady call, or see wait_for_host_builds
                 self._after_call(state)
                 return
@@ -576,14 +582,18 @@ class DeviceVerletList:
         *,
         force: bool,
         track: bool,
+        idle: bool,
     ) -> None:
+        """The check (unless ``force``) and the build chain. ``idle``: stop after
+        the check when it asked for no rebuild and the flags live on the host (CPU;
+        never in a capture: a replay decides on the device)."""
         k = self._kernels
         dev, dtype = pos.device, pos.dtype
         n, n_sys, call = state.n_atoms, int(cell.shape[0]), self._call
         cell_flat = cell.reshape(-1)
         half_skin = 0.5 * self._skin
         threshold2 = half_skin * half_skin * (1.0 - 1e-6)
-        radius = self.radius
+        radius = self._radius
         height = radius * (1.0 + _CELL_MARGIN) / self._cells
         flags = state.flags
         if not force:
@@ -595,7 +605,6 @@ class DeviceVerletList:
                 dev, dtype,
             )  # fmt: skip
             local = state.local
-            idle = self.skip_idle_launches and not capturing()  # a replay decides on the device
             if idle and local is not None and local[ck.F_REBUILD] != call:
                 return
         f = int(force)
