@@ -67,6 +67,29 @@ def test_calls_replay_one_record_and_follow_every_change(dtype: torch.dtype) -> 
     assert not y.is_contiguous()
 
 
+def test_a_repeated_call_casts_only_the_scalars_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scalars are cast to Warp's types when a launch is recorded and when they
+    change, not on every call (the host work of a steady step)."""
+    k = RecordedKernel(_axpy, floats=(2,), doubles=(3,))
+    cast, seen = k._cast_one, []
+
+    def spy(wp: Any, i: int, a: object, dtype: torch.dtype | None) -> object:
+        seen.append(i)
+        return cast(wp, i, a, dtype)
+
+    monkeypatch.setattr(k, "_cast_one", spy)
+    x, out, cpu = torch.ones(4), torch.zeros(4), torch.device("cpu")
+    k(4, [x, x, 2.0, 0.0, 1, out], cpu, torch.float32)
+    assert seen == [0, 1, 2, 3, 4, 5]  # the record: every argument
+    seen.clear()
+    k(4, [x, x, 2.0, 0.0, 1, out], cpu, torch.float32)
+    assert seen == [] and torch.equal(out, torch.full((4,), 3.0))
+    k(4, [x, x, 2.0, 0.5, 1, out], cpu, torch.float32)
+    assert seen == [3] and torch.equal(out, torch.full((4,), 3.5))
+
+
 def test_a_new_dtype_or_role_records_its_own_launch() -> None:
     k = RecordedKernel(_axpy, floats=(2,), doubles=(3,))
     cpu = torch.device("cpu")

@@ -68,10 +68,10 @@ def _keys(args: Sequence[object]) -> tuple[list[object], tuple[object, ...]]:
     keys: list[object] = []
     kinds: list[object] = []
     for a in args:
-        if isinstance(a, torch.Tensor):
-            shape = tuple(a.shape)
-            keys.append((a.data_ptr(), shape, tuple(a.stride()), a.dtype))
-            kinds.append((a.dtype, len(shape)))
+        if isinstance(a, torch.Tensor):  # (torch.Size is a tuple: compared as one)
+            shape, dt = a.shape, a.dtype
+            keys.append((a.data_ptr(), shape, a.stride(), dt))
+            kinds.append((dt, len(shape)))
         else:
             keys.append((type(a), a))
             kinds.append(type(a))
@@ -184,9 +184,8 @@ class RecordedKernel:
         if prepare is not None:
             self._prepare = None
             prepare()
-        values = self._cast(wp, args, dtype)
         if device.type not in ("cpu", "cuda"):  # a test's fake device: its checks see it
-            self._plain(wp, dim, values, device)
+            self._plain(wp, dim, self._cast(wp, args, dtype), device)
             return
         keys, kinds = _keys(args)
         signature = (device, dtype, role, kinds)
@@ -195,7 +194,7 @@ class RecordedKernel:
             launch = wp.launch(
                 self._kernel,
                 dim=dim,
-                inputs=[_converted(wp, v) for v in values],
+                inputs=[_converted(wp, v) for v in self._cast(wp, args, dtype)],
                 device=wp.device_from_torch(device),
                 record_cmd=True,
             )
@@ -204,11 +203,12 @@ class RecordedKernel:
             launch, held, held_dim = found
             array_t = _ARRAY_T[0]
             for k, (new, old) in enumerate(zip(keys, held, strict=True)):
-                if new != old:
-                    value = values[k]
+                if new != old:  # (only a changed argument is cast and converted)
+                    value = args[k]
                     if isinstance(value, torch.Tensor) and array_t is not None:
                         launch.set_param_at_index_from_ctype(k, _descriptor(array_t, value))
                     else:
+                        value = self._cast_one(wp, k, value, dtype)
                         launch.set_param_at_index(k, _converted(wp, value))
                     held[k] = new
             if dim != held_dim:
@@ -220,26 +220,28 @@ class RecordedKernel:
         else:
             launch.launch()
         if capturing():  # an emulated capture replays this launch (a CUDA one records it)
+            values = self._cast(wp, args, dtype)
             record_launch(lambda: self._plain(wp, dim, values, device))
 
     def _cast(self, wp: Any, args: Sequence[object], dtype: torch.dtype | None) -> list[object]:
+        """Every argument as the kernel takes it (:meth:`_cast_one`)."""
         if not self._floats and not self._doubles:
             return list(args)
-        scalar = getattr(wp, _SCALARS[dtype]) if self._floats and dtype is not None else None
-        out: list[object] = []
-        for k, a in enumerate(args):
-            if k in self._floats:
-                if scalar is None:
-                    raise TypeError(
-                        f"{self._kernel.key}: argument {k} is cast to the launch's float type, "
-                        "but no dtype was given"
-                    )
-                out.append(scalar(a))
-            elif k in self._doubles:
-                out.append(wp.float64(a))
-            else:
-                out.append(a)
-        return out
+        return [self._cast_one(wp, k, a, dtype) for k, a in enumerate(args)]
+
+    def _cast_one(self, wp: Any, k: int, a: object, dtype: torch.dtype | None) -> object:
+        """Argument ``k`` as the kernel takes it: a float of ``floats`` in the
+        launch's float type, one of ``doubles`` as ``wp.float64``, else as given."""
+        if k in self._floats:
+            if dtype is None:
+                raise TypeError(
+                    f"{self._kernel.key}: argument {k} is cast to the launch's float type, "
+                    "but no dtype was given"
+                )
+            return getattr(wp, _SCALARS[dtype])(a)
+        if k in self._doubles:
+            return wp.float64(a)
+        return a
 
     def _plain(
         self, wp: Any, dim: int | tuple[int, ...], values: list[object], device: torch.device
