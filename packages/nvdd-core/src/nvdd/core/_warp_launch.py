@@ -81,7 +81,7 @@ def _keys(args: Sequence[object]) -> tuple[list[object], tuple[object, ...]]:
 def _descriptor(array_t: Any, t: torch.Tensor) -> Any:
     """Warp's array descriptor of ``t`` (no ``wp.array`` object in between)."""
     size = t.element_size()
-    return array_t(t.data_ptr(), 0, t.dim(), tuple(t.shape), tuple(s * size for s in t.stride()))
+    return array_t(t.data_ptr(), 0, t.dim(), tuple(t.shape), tuple([s * size for s in t.stride()]))
 
 
 def _converted(wp: Any, value: object) -> object:
