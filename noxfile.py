@@ -419,6 +419,7 @@ def checks(session: nox.Session) -> None:
     them at a time, longest first; each one's output is shown when it ends.
     Arguments go to every pytest run."""
     _install(session, TESTED, extras=True, more=("mypy==2.4.1",))
+    since = _warp_prefill(session)
     # one pytest process per package and per part of the integration suite (one
     # process for all was slower, record 0081), CI_LANES of them (and mypy) at once,
     # the longest first (record 0082)
@@ -434,7 +435,31 @@ def checks(session: nox.Session) -> None:
         cmd = ["pytest", "-q", *files, *session.posargs]
         jobs.append((CI_SECONDS.get(part, 0.0), part, cmd, {}))
     jobs.sort(key=lambda job: -job[0])
-    _run_lanes(session, [job[1:] for job in jobs], CI_LANES)
+    try:
+        _run_lanes(session, [job[1:] for job in jobs], CI_LANES)
+    finally:
+        _late_compiles(session, since)
+
+
+def _warp_prefill(session: nox.Session) -> float:
+    """Compile the packages' Warp modules into the kernel cache in ONE process,
+    before the test processes start (tools/warp_prefill.py, record 0086): in a
+    fresh clone each test process and rank otherwise compiled the modules it
+    met first, several at once. Returns the time it ended."""
+    session.run("python", str(ROOT / "tools" / "warp_prefill.py"))
+    return time.time()
+
+
+def _late_compiles(session: nox.Session, since: float) -> None:
+    """Log the kernel cache entries written after ``since`` (by the tests, or by
+    a session beside them): the modules the prefill did not cover."""
+    root = Path(session.env.get("WARP_CACHE_PATH") or WARP_CACHE)
+    late = sorted(
+        entry.name
+        for entry in root.glob("*/wp_*")
+        if entry.is_dir() and entry.stat().st_mtime > since
+    )
+    session.log(f"warp cache: {len(late)} modules compiled after the prefill: {' '.join(late)}")
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -454,6 +479,7 @@ def e3nn06(session: nox.Session) -> None:
         more=(*extras["sevenn"], *extras["uma"], "numpy>=1.24", "ase>=3.23"),
     )
     session.env["NVDD_REQUIRE_EXTRAS"] = "1"
+    _warp_prefill(session)  # (waits while ``checks`` fills the same cache, record 0086)
     dirs = [
         str(ROOT / "packages" / p / f"tests_{m}")
         for m in ("sevenn", "uma")
