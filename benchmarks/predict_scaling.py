@@ -49,6 +49,25 @@ run each rank's model inside a DD context whose ghost rows copy owned rows, with
 the model's spec adapters installed, and add one exchange of the ghosts'
 features per refresh and per fold to the communication term.
 
+Memory (issue 36's capacity target): on CUDA each run also records its GPU peak,
+``peak_bytes``: ``torch.cuda.max_memory_allocated`` over the run (its system's
+rows, the integrator, the model's neighbour list built afresh, its warm-up and
+timed steps) less the bytes allocated when it began (the whole system the script
+holds, the model's weights; the previous rank's tensors are freed and the
+allocator's cache emptied first; None on the CPU). The fixed per-process costs are
+thus left out on both sides: the CUDA context is not in the allocator's count, and
+the libraries' one-time workspaces (cuBLAS, cuEquivariance, Warp's modules) are
+allocated by the full-system force call before any measured run. Each grid row's
+``capacity_ratio`` is how many atoms P GPUs hold relative to one::
+
+    P x (raw peak / raw atoms) / max over ranks (rank peak / rank owned atoms)
+
+assuming memory grows linearly with rows at fixed density, with no intercept
+(:func:`capacity_ratio`). The assumption errs on the safe side: a fixed
+workspace per run weighs more on a rank's fewer rows, and at the larger sizes
+that fill a GPU a rank's ghost rows are a smaller share of its owned ones.
+Allocator slack (reserved but unallocated bytes) is taken to scale with the rest.
+
 Rows go to ``benchmarks/results/scaling-predicted-lj.json`` (``--out``); the
 benchmarks page renders them (``benchmarks/render.py``).
 """
@@ -272,6 +291,51 @@ def list_pairs(model: Any, local: Any, n_owned: int) -> int:
     return int(matrix.counts.clamp(min=0).sum())
 
 
+def forget_lists(model: Any) -> None:
+    """Drop the neighbour lists ``model`` caches, with their buffers (the next call
+    builds anew): a run's peak then counts its own list, not the last system's."""
+    reset = getattr(model, "reset_neighbors", None)
+    if callable(reset):  # LJ: its list and the Warp backend's
+        reset()
+        return
+    for value in vars(model).values():  # MACE's Verlet list, the MPNN's and its device edges
+        if type(value).__name__ in ("VerletList", "DeviceVerletList", "DeviceEdges"):
+            value.reset()
+
+
+def memory_mark(device: str) -> int | None:
+    """Start a peak measurement: garbage collected, the allocator's cache emptied,
+    its peak counter reset. The bytes allocated now (None off CUDA)."""
+    harness.reset_memory(device)
+    return int(torch.cuda.memory_allocated()) if str(device).startswith("cuda") else None
+
+
+def peak_since(device: str, mark: int | None) -> int | None:
+    """GPU peak bytes allocated since :func:`memory_mark` beyond its ``mark``."""
+    if mark is None:
+        return None
+    harness.sync(device)
+    return harness.peak_bytes(device) - mark
+
+
+def capacity_ratio(
+    raw_peak: int | None, raw_atoms: int, per_rank: Sequence[dict[str, Any]]
+) -> float | None:
+    """How many atoms ``len(per_rank)`` GPUs hold relative to one:
+    ``P x (raw_peak / raw_atoms) / max over ranks (peak_bytes / owned)``, memory
+    taken to grow linearly with rows at fixed density, with no intercept (see the
+    module notes). None when a peak is missing (the CPU) or not positive."""
+    if not per_rank or raw_peak is None or raw_peak <= 0 or raw_atoms <= 0:
+        return None
+    worst = 0.0  # the most bytes per owned atom of any rank
+    for r in per_rank:
+        peak, owned = r.get("peak_bytes"), r["owned"]
+        if peak is None or peak <= 0 or owned <= 0:
+            return None
+        worst = max(worst, peak / owned)
+    return len(per_rank) * (raw_peak / raw_atoms) / worst
+
+
 def _timed(fn: Callable[[], Any], steps: int, warmup: int, device: str) -> float:
     """ms per call of ``fn`` over ``steps`` calls after ``warmup``."""
     for _ in range(warmup):
@@ -308,9 +372,13 @@ def time_rank(
 ) -> dict[str, float]:
     """ms per phase of one rank's steady step (the exchanges as device copies;
     ``scoped``: the model runs inside a DD context, see :class:`_Scoped`, and
-    ``adapters`` counts its spec's adapters that were applied)."""
+    ``adapters`` counts its spec's adapters that were applied), and
+    ``peak_bytes``, the GPU peak of the rank's rows and model steps (see the
+    module notes; None off CUDA)."""
     from nvdd.dynamics import VelocityVerlet
 
+    forget_lists(model)
+    mark = memory_mark(device)
     local = local_system(batch, owned, src, shift, pbc)
     n_o, n_g = owned.numel(), src.numel()
     dt_fs, adapters = DT_FS, {}
@@ -328,6 +396,7 @@ def time_rank(
     finally:
         if scoped:
             model.registry.restore()
+    peak = peak_since(device, mark)  # (before the emulation's whole-system buffers below)
 
     pos = dyn.batch.positions
     source = batch.positions.clone()
@@ -359,6 +428,7 @@ def time_rank(
         "fold_ms": _timed(fold, steps, warmup, device),
         "check_ms": _timed(check, steps, warmup, device),
         **adapters,
+        "peak_bytes": peak,
     }
 
 
@@ -400,12 +470,16 @@ def predict(
     cutoff = float(model.cutoff)
     n = batch.n_atoms
     dt_fs = MACE_DT_FS if kind == "mace" else DT_FS
+    # first, so that the libraries' one-time workspaces precede every measured run
+    full_forces = model(batch)["forces"].detach()
+    forget_lists(model)
+    mark = memory_mark(device)
     raw = VelocityVerlet(model, batch.clone(), dt_fs=dt_fs, cuda_graphs=graphs)
     raw_ms = _timed(lambda: raw.run(1), steps, warmup, device)
+    raw_peak = peak_since(device, mark)
     raw = None  # free its buffers before the ranks run
     base = {"model": kind, "cells": cells, "dtype": dtype_name, "atoms": n}
-    rows: list[dict[str, Any]] = [{**base, "ranks": 1, "raw_ms": raw_ms}]
-    full_forces = model(batch)["forces"].detach()
+    rows: list[dict[str, Any]] = [{**base, "ranks": 1, "raw_ms": raw_ms, "peak_bytes": raw_peak}]
     width = (cutoff + SKIN) / batch.cell[0].diagonal()
     frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
     itemsize = torch.finfo(dtype).bits // 8
@@ -475,6 +549,11 @@ def predict(
                     "speedup": raw_ms / predicted,
                     "overhead": slow["total_ms"] / (raw_ms * slow["owned"] / n),
                     "max_force_err": None if mpnn else max(r["force_err"] for r in per_rank),
+                    "peak_bytes_max": None
+                    if any(r["peak_bytes"] is None for r in per_rank)
+                    else max(r["peak_bytes"] for r in per_rank),
+                    # atoms the P GPUs hold relative to one (linear memory in rows)
+                    "capacity_ratio": capacity_ratio(raw_peak, n, per_rank),
                     # each rank's model counts owned receivers only, as under the runtime
                     "receivers": "owned",
                     "per_rank": per_rank,

@@ -122,6 +122,34 @@ def whole_axes_one_gpu(doc: dict[str, Any]) -> str:
     )
 
 
+#: The capacity column's explanation (rendered when the rows carry ``capacity_ratio``).
+CAPACITY_TEXT = (
+    "Holds = how many atoms the P GPUs hold relative to one: P x (raw peak / atoms) / "
+    "the largest rank's (peak / owned atoms), each peak the GPU memory a run allocates "
+    "(`torch.cuda.max_memory_allocated` less what was allocated before it: no CUDA "
+    "context, model weights or one-time library workspaces), memory taken to grow "
+    "linearly with rows at fixed density with no intercept (safe side: ghost rows "
+    "weigh less at the sizes that fill a GPU); '-' where no GPU peak was recorded."
+)
+
+
+def _capacity_shown(rows: list[dict[str, Any]]) -> bool:
+    """Whether a result records the capacity (files before it lack the field)."""
+    return any("capacity_ratio" in r for r in rows)
+
+
+def _capacity(r: dict[str, Any]) -> str:
+    """The capacity cell: the ratio, or '-' where no GPU peak was recorded."""
+    value = r.get("capacity_ratio")
+    return "-" if value is None else num(value) + "x"
+
+
+def _raw_peak(raw: dict[str, Any]) -> str:
+    """The raw run's GPU peak for a table's caption ('' when not recorded)."""
+    peak = raw.get("peak_bytes")
+    return "" if peak is None else f" GPU peak {num(peak / 2**20, 0)} MiB."
+
+
 def predicted_scaling(doc: dict[str, Any]) -> str:
     """The P-GPU LJ step predicted from one GPU (benchmarks/predict_scaling.py)."""
     rows = doc["rows"]
@@ -141,6 +169,9 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
         "model share = the model's part of the slowest rank's step. `calibrated` scales",
         "each rank's step by runtime / emulated of the one-rank halo step of the same run.",
     ]
+    shown = _capacity_shown(rows)
+    if shown:
+        out.append(CAPACITY_TEXT)
     for cells, dtype in dict.fromkeys((r["cells"], r["dtype"]) for r in rows):
         mine = [r for r in rows if r["cells"] == cells and r["dtype"] == dtype]
         raw = next(r for r in mine if r.get("grid") is None)
@@ -171,6 +202,7 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
                     else num(raw["raw_ms"] / (k * s["total_ms"] + r["comm_ms"])) + "x",
                     num(r["overhead"]),
                     num(100 * s["model_ms"] / s["total_ms"], 0) + " %",
+                    *([_capacity(r)] if shown else []),
                 ]
             )
         header = [
@@ -188,11 +220,13 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
             "calibrated",
             "overhead",
             "model share",
+            *(["holds x of one GPU"] if shown else []),
         ]
-        right = [False, False, *[True] * 12]
+        right = [False, False, *[True] * (len(header) - 2)]
         out += [
             "",
             f"**{atoms(raw['atoms'])} atoms, {dtype}**: raw one-GPU step {num(raw['raw_ms'])} ms."
+            + _raw_peak(raw)
             + "".join(
                 f" One rank with the halo forced: emulated {num(c['slowest']['total_ms'])} ms, "
                 f"the runtime {num(c['runtime_ms'])} ms."
@@ -272,8 +306,12 @@ def predicted_scaling_mace(doc: dict[str, Any]) -> str:
         "`node_feats` refresh per interaction after the first); the communication term",
         "adds one exchange of the ghosts' features per refresh and per fold. Eager steps.",
     ]
+    shown = _capacity_shown(rows)
+    if shown:
+        out.append(CAPACITY_TEXT)
     head = ["grid", "owned / rank", "ghost rows", "ghost / owned", "model ms", "comm ms"]
     head += ["predicted ms", "speed-up", "overhead", "model share"]
+    head += ["holds x of one GPU"] if shown else []
     for cells, dtype in dict.fromkeys((r["cells"], r["dtype"]) for r in rows):
         mine = [r for r in rows if r["cells"] == cells and r["dtype"] == dtype]
         raw = next(r for r in mine if r.get("grid") is None)
@@ -289,15 +327,17 @@ def predicted_scaling_mace(doc: dict[str, Any]) -> str:
                 num(r["speedup"]) + "x",
                 num(r["overhead"]),
                 num(100 * r["slowest"]["model_ms"] / r["slowest"]["total_ms"], 0) + " %",
+                *([_capacity(r)] if shown else []),
             ]
             for r in mine
             if r.get("grid") is not None
         ]
         out += [
             "",
-            f"**{atoms(raw['atoms'])} atoms, {dtype}**: raw one-GPU step {num(raw['raw_ms'])} ms.",
+            f"**{atoms(raw['atoms'])} atoms, {dtype}**: raw one-GPU step {num(raw['raw_ms'])} ms."
+            + _raw_peak(raw),
             "",
-            table(head, body, [False] + [True] * 9),
+            table(head, body, [False] + [True] * (len(head) - 1)),
         ]
     return "\n".join([*out, "", f"*{source(doc)}*", ""])
 

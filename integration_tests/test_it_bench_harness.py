@@ -8,6 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,9 +143,19 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
         assert row["predicted_ms"] > row["slowest"]["total_ms"] > 0
     # rows only across the split axis: fewer ghosts than images on every face
     assert split["ghost_max"] < faces["ghost_max"]
+    # GPU peaks per run and the capacity they predict: recorded on CUDA, None on the CPU
+    cuda = torch.cuda.is_available()
+    assert "peak_bytes" in raw and (raw["peak_bytes"] > 0 if cuda else raw["peak_bytes"] is None)
+    for row in (faces, split):
+        assert all("peak_bytes" in r for r in row["per_rank"])
+        assert "capacity_ratio" in row and "peak_bytes_max" in row
+        assert (row["capacity_ratio"] > 0) if cuda else row["capacity_ratio"] is None
     page = render.render(render.load_results(tmp_path))
     assert "## Scaling predicted from one GPU" in page
     assert "holds only the pairs with\nan owned end (none between two ghosts)" in page
+    assert "holds x of one GPU |" in page and "Holds = how many atoms" in page
+    if not cuda:  # the column says no peak was recorded
+        assert "| 2x1x1 | faces |" in page and "| - |" in page
 
     # the MPNN: its ranks inside a DD context, feature refreshes on the wire
     assert ps.main(["--quick", "--model", "mpnn", "--out", str(tmp_path)]) == 0
@@ -164,6 +175,62 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     thin = 0.5 * (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
     owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), thin)
     assert ps.check_rank(model, full, owned, ps.local_system(batch, owned, src, shift)) > 1e-6
+
+
+def test_the_capacity_ratio_is_p_times_bytes_per_atom_over_the_worst_ranks() -> None:
+    """``predict_scaling.capacity_ratio`` with fake peaks: P x (raw bytes per atom) /
+    the largest rank's bytes per owned atom; None where a peak is missing. The
+    scaling tables show it as a column only for results that record it."""
+    from benchmarks import predict_scaling as ps
+    from benchmarks import render_scaling
+
+    ranks = [{"owned": 50, "peak_bytes": 600}, {"owned": 50, "peak_bytes": 550}]
+    # 10 bytes an atom on one GPU, 12 per owned atom on the worse rank: 2 x 10 / 12
+    assert ps.capacity_ratio(1000, 100, ranks) == pytest.approx(2 * 10 / 12)
+    even = [{"owned": 25, "peak_bytes": 250}] * 4  # no ghost tax: P times the atoms
+    assert ps.capacity_ratio(1000, 100, even) == pytest.approx(4.0)
+    assert ps.capacity_ratio(None, 100, ranks) is None  # the CPU: no peaks
+    assert ps.capacity_ratio(1000, 100, [*ranks, {"owned": 50, "peak_bytes": None}]) is None
+
+    def doc(raw_extra: dict[str, object], grid_extra: dict[str, object]) -> dict[str, Any]:
+        raw = {"model": "mace", "cells": 48, "dtype": "float32", "atoms": 100, "raw_ms": 2.0}
+        grid = {**raw, "grid": "2x1x1", "owned_max": 50, "ghost_max": 10, "comm_ms": 0.1}
+        grid.update(predicted_ms=1.1, speedup=1.8, overhead=1.0)
+        grid["slowest"] = {"model_ms": 1.0, "total_ms": 1.0}
+        return {
+            "name": "scaling-predicted-mace",
+            "title": "MACE",
+            "command": "python benchmarks/predict_scaling.py --model mace",
+            "commit": "abc1234",
+            "machine": {"kind": "test"},
+            "versions": {},
+            "rows": [raw | raw_extra, grid | grid_extra],
+        }
+
+    page = render_scaling.predicted_scaling_mace(
+        doc({"peak_bytes": 3 * 2**20}, {"capacity_ratio": 1.666})
+    )
+    assert "| holds x of one GPU |" in page and "| 1.67x |" in page
+    assert "GPU peak 3 MiB" in page and "Holds = how many atoms" in page
+    assert "| - |" in render_scaling.predicted_scaling_mace(doc({}, {"capacity_ratio": None}))
+    before = render_scaling.predicted_scaling_mace(doc({}, {}))  # a result file from before
+    assert "holds x" not in before and "GPU peak" not in before and "Holds =" not in before
+
+
+def test_forget_lists_drops_the_models_cached_neighbour_lists() -> None:
+    """``predict_scaling.forget_lists`` (before each measured run, so that its GPU
+    peak counts its own list): LJ's Warp list and the MPNN's Verlet list are gone
+    after it."""
+    import torch
+
+    from benchmarks import predict_scaling as ps
+
+    batch = harness.argon_fcc(3, dtype=torch.float64)
+    lj, mpnn = ps._model("cpu", torch.float64), ps._model("cpu", torch.float64, "mpnn")
+    lj(batch), mpnn(batch)
+    assert lj.device_neighbors._state is not None and mpnn.neighbors._candidates is not None
+    ps.forget_lists(lj), ps.forget_lists(mpnn)
+    assert lj.device_neighbors._state is None and mpnn.neighbors._candidates is None
 
 
 @pytest.mark.parametrize("grid", [(2, 1, 1), (2, 2, 2)], ids=["2x1x1", "2x2x2"])

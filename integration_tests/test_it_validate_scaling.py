@@ -76,6 +76,9 @@ def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Pat
     assert split["layout"] == "split" and 0 < split["ghost_max"] < faces["ghost_max"]
     assert sum(r["owned"] for r in faces["per_rank"]) == raw["atoms"]
     assert faces["max_force_err"] is None  # ghost features are stand-ins: not checked
+    # each run's GPU peak and the capacity it predicts (None on the CPU)
+    assert "peak_bytes" in raw and all("peak_bytes" in r for r in faces["per_rank"])
+    assert "capacity_ratio" in faces and "capacity_ratio" in split
     # positions, forces, one node_feats refresh (8x0e+8x1o: 32 floats a row) and its fold
     wire = faces["ghost_max"] * (3 + 3 + 32 + 32) * 8 / 300e9 * 1e3
     assert faces["comm_ms"] == pytest.approx(4 * 20e-3 + 15e-3 + wire)
@@ -87,3 +90,4 @@ def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Pat
     page = render.render(render.load_results(tmp_path))
     assert "## Scaling predicted from one GPU: MACE" in page
     assert "| 2x1x1 | 108 | 592 |" in page
+    assert "| holds x of one GPU |" in page
