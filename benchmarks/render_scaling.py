@@ -307,10 +307,16 @@ def predicted_scaling_mace(doc: dict[str, Any]) -> str:
         "adds one exchange of the ghosts' features per refresh and per fold. Eager steps.",
     ]
     shown = _capacity_shown(rows)
+    layouts = any("layout" in r for r in rows)  # (older result files: one layout, no field)
+    if layouts:
+        out.append(
+            "Ghosts `faces`: image rows on all six faces (the runtime's default); `split`:"
+            " rows only across split axes (`DomainConfig(wrap_whole_axes=True)`)."
+        )
     if shown:
-        out.append(CAPACITY_TEXT)
-    head = ["grid", "owned / rank", "ghost rows", "ghost / owned", "model ms", "comm ms"]
-    head += ["predicted ms", "speed-up", "overhead", "model share"]
+        out.append(CAPACITY_TEXT)  # (older result files: one layout, no field)
+    head = ["grid", *(["ghosts"] if layouts else []), "owned / rank", "ghost rows", "ghost / owned"]
+    head += ["model ms", "comm ms", "predicted ms", "speed-up", "overhead", "model share"]
     head += ["holds x of one GPU"] if shown else []
     for cells, dtype in dict.fromkeys((r["cells"], r["dtype"]) for r in rows):
         mine = [r for r in rows if r["cells"] == cells and r["dtype"] == dtype]
@@ -318,6 +324,7 @@ def predicted_scaling_mace(doc: dict[str, Any]) -> str:
         body = [
             [
                 r["grid"],
+                *([r.get("layout", "faces")] if layouts else []),
                 atoms(r["owned_max"]),
                 atoms(r["ghost_max"]),
                 num(100 * r["ghost_max"] / r["owned_max"], 0) + " %",
@@ -337,7 +344,15 @@ def predicted_scaling_mace(doc: dict[str, Any]) -> str:
             f"**{atoms(raw['atoms'])} atoms, {dtype}**: raw one-GPU step {num(raw['raw_ms'])} ms."
             + _raw_peak(raw),
             "",
-            table(head, body, [False] + [True] * (len(head) - 1)),
+            table(head, body, [False] * (1 + layouts) + [True] * (len(head) - 1 - layouts)),
+        ]
+    if shown:
+        out += [
+            "",
+            "What limits the atoms P GPUs hold: a rank's ghost rows take memory as owned rows",
+            "do (features of every row, edges of the owned rows). The `split` layout drops the",
+            "image rows of the axes the grid leaves whole; in a larger system the ghost shell,",
+            "a fixed thickness, is a smaller share of a rank's rows.",
         ]
     return "\n".join([*out, "", f"*{source(doc)}*", ""])
 

@@ -89,5 +89,5 @@ def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Pat
     assert Product.forward is original
     page = render.render(render.load_results(tmp_path))
     assert "## Scaling predicted from one GPU: MACE" in page
-    assert "| 2x1x1 | 108 | 592 |" in page
+    assert "| 2x1x1 | faces | 108 | 592 |" in page and "| 2x1x1 | split | 108 | " in page
     assert "| holds x of one GPU |" in page
