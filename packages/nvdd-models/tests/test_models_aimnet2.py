@@ -405,6 +405,46 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
         AIMNet2Model(copy.deepcopy(model.aimnet), pad_growth=0.5)
 
 
+def _saved_bytes(fn: Any) -> tuple[int, Any]:
+    """Bytes of the storages autograd saves for the backward while ``fn()`` runs (each
+    storage once), and ``fn()``'s result."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(saved.values()), out
+
+
+def test_frozen_weights_keep_less_for_the_backward_and_change_no_force() -> None:
+    """The wrapper freezes aimnet's parameters by default (as aimnet's calculator does
+    for inference): the forces differentiate the positions only, so autograd saves
+    no activation only a weight gradient needs: about a quarter fewer bytes than
+    with trainable weights (record 0088), and the same energies, forces and per-atom
+    energies bit for bit (float64). freeze=False leaves the parameters as aimnet
+    built them."""
+    from nvdd.models import AIMNet2Model
+
+    _aimnet()
+    kept = AIMNet2Model.from_config(CONFIG, seed=1, dtype=torch.float64, skin=0.3, freeze=False)
+    built = {n: p.requires_grad for n, p in kept.named_parameters()}
+    assert sum(built.values()) > len(built) / 2  # (aimnet's own: the weights trainable)
+    frozen = AIMNet2Model(copy.deepcopy(kept.aimnet), skin=0.3)
+    assert not any(p.requires_grad for p in frozen.parameters())
+    assert built == {n: p.requires_grad for n, p in kept.named_parameters()}
+    batch = oxide((3, 3, 3))
+    frozen(batch), kept(batch)  # (the neighbour lists built)
+    small, got = _saved_bytes(lambda: frozen(batch))
+    large, ref = _saved_bytes(lambda: kept(batch))
+    assert 0 < small < 0.85 * large, (small, large)  # (0.77 here)
+    for key in ("energy", "forces", "atom_energies"):
+        assert torch.equal(got[key], ref[key]), key
+    assert all(p.grad is None for p in kept.parameters())
+
+
 def _global_sum_rank() -> None:
     """global_system_sum on 2 ranks against the unsharded sum, forward and backward."""
     import torch.distributed as dist
