@@ -49,6 +49,9 @@ Usage::
     # AIMNet2's padder headroom of before record 0085, nvdd legs only (compare in one run)
     python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --legs plain dd1 \
         --search-legs --aimnet-pad-growth 1.25 --name aimnet2-pad125 --out-dir $OUT
+    # AIMNet2's trainable weights of before record 0088 (its peak memory per atom)
+    python benchmarks/bench_peer_models.py --model aimnet2 --device cuda --legs plain dd1 \
+        --search-legs --aimnet-freeze off --name aimnet2-trainable --out-dir $OUT
 
 This is not a test; ratios measured within one run are the result.
 """
@@ -285,10 +288,12 @@ def measure(
     skin: float,
     uma_checkpoint: bool | int = True,
     pad_growth: float = 1.0,
+    freeze: bool = True,
 ) -> dict[str, Any]:
     """One leg with the model of the file ``path``: nvdd's ``plain`` or ``dd1``
     (``UMAModel.from_checkpoint`` / ``AIMNet2Model.from_file``, its padder's growth
-    ``pad_growth``; ``SevenNetModel.from_checkpoint``), or the ``peer``: torch-sim's
+    ``pad_growth``, its weights frozen unless ``freeze`` is false;
+    ``SevenNetModel.from_checkpoint``), or the ``peer``: torch-sim's
     NVE loop with the model package's own torch-sim interface."""
     device = prepare(device)
     dtype = getattr(torch, dtype_name)
@@ -327,9 +332,10 @@ def measure(
         from nvdd.models import AIMNet2Model
 
         model = AIMNet2Model.from_file(
-            path, dtype=dtype, device=device, skin=skin, pad_growth=pad_growth
+            path, dtype=dtype, device=device, skin=skin, pad_growth=pad_growth, freeze=freeze
         )
-        return {**run_md(leg, model, batch, steps, warmup, device, skin), "pad_growth": pad_growth}
+        row = run_md(leg, model, batch, steps, warmup, device, skin)
+        return {**row, "pad_growth": pad_growth, "freeze": freeze}
     if leg == "peer":
         return run_torchsim(model, batch, steps, warmup)
     return run_md(leg, model, batch, steps, warmup, device, skin)
@@ -340,7 +346,7 @@ def one(args: argparse.Namespace, path: str, leg: str, k: int, phase: str) -> di
     timed = phase == "timed"
     steps, warmup = (args.steps, args.warmup) if timed else (args.search_steps, args.search_warmup)
     fargs = (leg, args.model, path, dims, args.dtype, steps, warmup, args.device, args.skin)
-    fargs += (args.uma_checkpoint, args.aimnet_pad_growth)
+    fargs += (args.uma_checkpoint, args.aimnet_pad_growth, args.aimnet_freeze == "on")
     return run_leg(args, leg, phase, atoms_of(args.model, dims), steps, warmup, measure, fargs)
 
 
@@ -373,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         help="AIMNet2Model(pad_growth=): 1.0 pads the neighbour matrix to what the batch "
         "needs; 1.25 is the padder's default headroom (a quarter more rows and slots), "
         "the wrapper's setting before record 0085",
+    )
+    p.add_argument(
+        "--aimnet-freeze",
+        default="on",
+        choices=["on", "off"],
+        help="AIMNet2Model(freeze=): on freezes the weights as aimnet's calculator does; "
+        "off keeps them trainable, the wrapper's setting before record 0088",
     )
     args = parse_run(p, argv, LEGS, 3)
     if not args.cells:  # 8,000 atoms / 12,288 atoms / 4,096 atoms (~4 GB per 1,000 on CPU)
