@@ -261,6 +261,20 @@ def fold(values: torch.Tensor, source: torch.Tensor, n_atoms: int) -> torch.Tens
     return out.index_add(0, source, values.detach().cpu())
 
 
+def saved_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """Bytes of the storages autograd saves for the backward while ``fn()`` runs (each
+    storage once), and ``fn()``'s result."""
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(saved.values()), out
+
+
 # ------------------------------------------------------------ host syncs
 #: Tensor methods and functions that copy device data to the host (on a GPU they
 #: wait for the device): reading values, converting to Python or NumPy, data-

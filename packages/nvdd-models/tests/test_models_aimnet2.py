@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from models_testutils import saved_bytes
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.spec import StrategyKind
@@ -405,20 +406,6 @@ def test_the_matrix_has_the_rows_and_width_the_batch_needs() -> None:
         AIMNet2Model(copy.deepcopy(model.aimnet), pad_growth=0.5)
 
 
-def _saved_bytes(fn: Any) -> tuple[int, Any]:
-    """Bytes of the storages autograd saves for the backward while ``fn()`` runs (each
-    storage once), and ``fn()``'s result."""
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return sum(saved.values()), out
-
-
 def test_frozen_weights_keep_less_for_the_backward_and_change_no_force() -> None:
     """The wrapper freezes aimnet's parameters by default (as aimnet's calculator does
     for inference): the forces differentiate the positions only, so autograd saves
@@ -437,8 +424,8 @@ def test_frozen_weights_keep_less_for_the_backward_and_change_no_force() -> None
     assert built == {n: p.requires_grad for n, p in kept.named_parameters()}
     batch = oxide((3, 3, 3))
     frozen(batch), kept(batch)  # (the neighbour lists built)
-    small, got = _saved_bytes(lambda: frozen(batch))
-    large, ref = _saved_bytes(lambda: kept(batch))
+    small, got = saved_bytes(lambda: frozen(batch))
+    large, ref = saved_bytes(lambda: kept(batch))
     assert 0 < small < 0.85 * large, (small, large)  # (0.77 here)
     for key in ("energy", "forces", "atom_energies"):
         assert torch.equal(got[key], ref[key]), key

@@ -7,6 +7,7 @@ installs them.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import pickle
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from models_ddcases import CASES, count_exchanges, global_batch, make_model, run_steps
-from models_testutils import ghost_layout, jittered_lattice, make_batch
+from models_testutils import ghost_layout, jittered_lattice, make_batch, saved_bytes
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import MACEConfig, MACEModel, build_mace, load_mace
@@ -139,6 +140,30 @@ def test_saved_model_file_round_trip(tmp_path: Path) -> None:
         load_mace(tmp_path / "missing.model")
 
 
+def test_frozen_weights_keep_less_for_the_backward_and_change_no_force() -> None:
+    """The wrapper freezes MACE's parameters by default (as mace-torch's torch-sim
+    model does): the forces differentiate the positions only, so autograd saves no
+    activation only a weight gradient needs (record 0089), and the energies, forces,
+    per-atom energies and stress are the same bit for bit (float64). freeze=False
+    leaves the parameters as given."""
+    mace = _mace()
+    assert all(p.requires_grad for p in mace.parameters())  # (as build_mace made them)
+    kept = MACEModel(mace, freeze=False)
+    assert all(p.requires_grad for p in kept.parameters())
+    frozen = MACEModel(copy.deepcopy(mace))
+    assert not any(p.requires_grad for p in frozen.parameters())
+    batch = _sio2_like()
+    # (the process's first MACE call may differ in the last bit from later ones: e3nn's
+    # TorchScript code runs unoptimised once; a call of each first)
+    frozen(batch), kept(batch)
+    small, got = saved_bytes(lambda: frozen(batch))
+    large, ref = saved_bytes(lambda: kept(batch))
+    assert 0 < small < 0.85 * large, (small, large)  # (0.74 here)
+    for key in ("energy", "forces", "atom_energies", "stress"):
+        assert torch.equal(got[key], ref[key]), key
+    assert all(p.grad is None for p in kept.parameters())
+
+
 def test_importing_the_wrapper_leaves_torch_load_s_default_alone() -> None:
     """mace-torch sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 on import; the wrapper restores it."""
     code = (
@@ -203,6 +228,7 @@ def test_scripted_mace_runs_on_one_process_but_refuses_dd() -> None:
     batch = _sio2_like()
     ref = MACEModel(mace)(batch)
     model = MACEModel(scripted)
+    assert not any(p.requires_grad for p in model.parameters())  # (frozen, as a Python MACE)
     out = model(batch)
     torch.testing.assert_close(out["forces"], ref["forces"], rtol=0, atol=ATOL)
     for strategy in StrategyKind:
@@ -218,6 +244,7 @@ def test_cuequivariance_kernels_equal_e3nn(dtype: torch.dtype) -> None:
     e3nn = MACEModel(_mace(dtype), device="cuda", cueq=False)
     cueq = MACEModel(_mace(dtype), device="cuda", cueq=True)
     assert cueq.uses_cueq and not e3nn.uses_cueq
+    assert not any(p.requires_grad for p in cueq.parameters())  # (frozen after the conversion)
     a, b = e3nn(batch), cueq(batch)
     scale = float(a["forces"].abs().max())
     tol = 1e-10 if dtype == torch.float64 else 1e-5 * scale

@@ -71,6 +71,7 @@ from nvdd.core import (
     get_rank,
 )
 from nvdd.models._checks import config_error
+from nvdd.models._forces import freeze_parameters
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
@@ -327,8 +328,8 @@ class AIMNet2Model(ReceptiveFieldWrapper):
         if not cutoff > 0:
             raise config_error(f"AIMNet2Model: the model's cutoff rc_s is {cutoff}")
         self.aimnet = self._convert(model, dtype, device)
-        if freeze:  # (forces differentiate positions; no weight gradient is ever taken)
-            self.aimnet.requires_grad_(False)
+        if freeze:
+            freeze_parameters(self.aimnet)
         self._cutoff = cutoff
         self.neighbors = VerletList(cutoff, skin)
         self.coulomb_neighbors = (

@@ -24,10 +24,23 @@ from nvdd.core import ModelOutputs
 from nvdd.models._reduce import apply_strain, stress_from_virial, system_energy
 from nvdd.shardtensor import Scope, autograd_target, current_dd_context
 
-__all__ = ["AtomEnergyFn", "outputs_by_autograd"]
+__all__ = ["AtomEnergyFn", "freeze_parameters", "outputs_by_autograd"]
 
 #: ``(positions, cell) -> atom_energies``: differentiable in both arguments.
 AtomEnergyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def freeze_parameters(module: torch.nn.Module) -> None:
+    """Turn off ``requires_grad`` of every parameter of ``module`` (the ``freeze=True``
+    of the wrappers of pretrained models).
+
+    The forces differentiate the positions only; while a weight requires grad,
+    autograd also keeps what its gradient would need (each linear layer's input),
+    which nobody takes (records 0088, 0089). Parameter by parameter, so that a
+    TorchScript module (no ``requires_grad_``) is frozen too.
+    """
+    for p in module.parameters():
+        p.requires_grad_(False)
 
 
 def outputs_by_autograd(

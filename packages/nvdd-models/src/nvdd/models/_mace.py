@@ -27,6 +27,7 @@ import torch
 from nvdd.core import Batch, ModelOutputs, OptionalDependencyError
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, halo_spec
+from nvdd.models._forces import freeze_parameters
 from nvdd.models._mace_build import load_mace
 from nvdd.models._mace_deps import cueq_available, cueq_import_error, mace_module
 from nvdd.models._mace_spec import mace_graph_spec, mace_halo_spec
@@ -146,11 +147,18 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         ``None`` (default) uses them when the model is on CUDA and
         cuequivariance-torch is installed, ``True`` requires them, ``False``
         keeps e3nn. Decided once, here, for ``device``.
+    freeze:
+        Turn off ``requires_grad`` of every parameter (default ``True``, as
+        mace-torch's torch-sim model and calculator do): the forces
+        differentiate the positions only, and autograd then keeps no activation
+        that only a weight gradient needs (record 0089). ``False`` leaves the
+        parameters as they are (to train through the wrapper).
 
     Attributes
     ----------
     mace:
-        The wrapped module.
+        The wrapped module (after any conversion; its parameters frozen unless
+        ``freeze=False``).
     neighbors:
         The wrapper's :class:`VerletList` (cutoff ``r_max``).
     uses_cueq:
@@ -175,6 +183,7 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         head: str | None = None,
         skin: float = 0.0,
         cueq: bool | None = None,
+        freeze: bool = True,
     ) -> None:
         super().__init__()
         self.scripted = _check_mace(mace)
@@ -192,6 +201,8 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
                 raise config_error("cueq needs a Python MACE, not a TorchScript one")
             mace = _to_cueq(mace, where)
             self.uses_cueq = True
+        if freeze:
+            freeze_parameters(mace)
         self.mace = mace
         self.register_buffer("species_rows", species_table(numbers).to(where))
         self.n_species = len(numbers)
@@ -345,7 +356,8 @@ class MACEModel(HaloModelMixin, torch.nn.Module):
         compute_stress:
             Also return ``virial`` and ``stress``, shape ``(n_systems, 3, 3)``.
         create_graph:
-            Keep the autograd graph of the outputs (to train on forces).
+            Keep the autograd graph of the outputs (to train on forces: build the
+            wrapper with ``freeze=False`` for weight gradients).
 
         Returns
         -------

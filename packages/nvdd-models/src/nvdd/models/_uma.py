@@ -59,7 +59,7 @@ from nvdd.core import (
 )
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import energy_scope, halo_spec
-from nvdd.models._forces import outputs_by_autograd
+from nvdd.models._forces import freeze_parameters, outputs_by_autograd
 from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import DDContext, current_dd_context, refresh_neighbors
@@ -302,8 +302,8 @@ class UMAModel(ReceptiveFieldWrapper):
         self._cutoff = float(backbone.cutoff)
         model = self._convert(model, dtype, device)
         self.checkpoint_chunk = _checkpoint_edges(model, activation_checkpointing)
-        if freeze:  # (forces differentiate positions; no weight gradient is ever taken)
-            model.requires_grad_(False)
+        if freeze:
+            freeze_parameters(model)
         self.hydra = model
         # (not registered as a submodule: it is the hydra's own head)
         object.__setattr__(self, "_head", inner_head)
