@@ -181,8 +181,10 @@ def measure(
     device: str,
     skin: float,
     memory_limit_mb: int = 0,
+    freeze: bool = True,
 ) -> dict[str, Any]:
-    """One measurement on the ranks of this process group (rank 0 returns it)."""
+    """One measurement on the ranks of this process group (rank 0 returns it); the
+    model's weights frozen unless ``freeze`` is false (record 0089)."""
     import torch.distributed as dist
 
     device = prepare(device, memory_limit_mb)
@@ -190,10 +192,11 @@ def measure(
 
     rank = dist.get_rank()
     dtype = getattr(torch, dtype_name)
-    model = MACEModel(mace, dtype=dtype, device=device, cueq=cueq, skin=skin)
+    model = MACEModel(mace, dtype=dtype, device=device, cueq=cueq, skin=skin, freeze=freeze)
     whole = rank == 0 or mode == "plain"
     batch = silica(dims, dtype, device) if whole else silica((1, 1, 1), dtype, device)
-    return {**run_md(mode, model, batch, steps, warmup, device, skin), "cueq": model.uses_cueq}
+    row = run_md(mode, model, batch, steps, warmup, device, skin)
+    return {**row, "cueq": model.uses_cueq, "freeze": freeze}
 
 
 def run_md(

@@ -40,6 +40,9 @@ Usage::
     python benchmarks/bench_peer_torchsim.py --device cuda --out-dir $OUT
     # CPU check of every leg (tiny model, 64 to 128 atoms, seconds per leg)
     python benchmarks/bench_peer_torchsim.py --device cpu --quick --out-dir /tmp/tsim
+    # MACE's trainable weights of before record 0089 (its peak memory per atom)
+    python benchmarks/bench_peer_torchsim.py --device cuda --legs plain dd1 --search-legs dd1 \
+        --mace-freeze off --name mace-1gpu-trainable --out-dir $OUT
 
 This is not a test; ratios measured within one run are the result.
 """
@@ -167,7 +170,7 @@ def one(args: argparse.Namespace, leg: str, mace: Any, cells_k: int, phase: str)
     else:
         fn = measure_nvdd
         fargs = (leg, mace, dims, args.dtype, args.cueq, steps, warmup, args.device, args.skin)
-        fargs += (args.memory_limit_mb,)
+        fargs += (args.memory_limit_mb, args.mace_freeze == "on")
     return run_leg(args, leg, phase, dims[0] * dims[1] * dims[2], steps, warmup, fn, fargs)
 
 
@@ -376,6 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="medium", choices=sorted(SIZES))
     p.add_argument("--cueq", action="store_true", help="cuEquivariance in every leg")
+    p.add_argument(
+        "--mace-freeze",
+        default="on",
+        choices=["on", "off"],
+        help="MACEModel(freeze=) in the nvdd legs: on freezes the weights as the peer "
+        "does; off keeps them trainable, the wrapper's setting before record 0089",
+    )
     add_run_options(p, [*NVDD_LEGS, *PEER_LEGS], ["dd1", "peer-cell"], 24, "mace-1gpu-torchsim")
     args = parse_run(p, argv, NVDD_LEGS + PEER_LEGS, 4)
     spec = SIZES[args.size]
