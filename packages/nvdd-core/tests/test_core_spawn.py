@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +123,23 @@ def _threads() -> int:
 
 def test_spawn_ranks_threads_per_rank() -> None:
     assert spawn_ranks(_threads, 2, timeout_s=60, threads_per_rank=2) == [2, 2]
+
+
+def test_a_rank_leaves_init_only_once_every_peer_is_up(tmp_path: Path) -> None:
+    # A function without collectives (as _threads above) must not let a rank exit
+    # while a peer is still connecting: each rank waits for all at the file store.
+    from nvdd.core._spawn import _wait_for_peers
+
+    rdzv = str(tmp_path / "rdzv")
+    done: list[int] = []
+    first = threading.Thread(target=lambda: (_wait_for_peers(rdzv, 0, 2, 30), done.append(0)))
+    first.start()
+    time.sleep(0.3)
+    assert done == []  # rank 0 still waits for rank 1
+    _wait_for_peers(rdzv, 1, 2, 30)
+    first.join(timeout=30)
+    assert done == [0]
+    _wait_for_peers(rdzv, 0, 1, 0.01)  # one rank: nothing to wait for
 
 
 def _gather_rows() -> tuple[list[int], list[float]]:

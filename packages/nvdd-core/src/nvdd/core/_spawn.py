@@ -123,6 +123,23 @@ def _resolve(module: str, file: str | None, qualname: str) -> Callable[..., Any]
     return obj  # type: ignore[no-any-return]
 
 
+def _wait_for_peers(rdzv: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Return once every rank has come back from ``init_process_group``.
+
+    A count in a file store beside the rendezvous, not a collective (so it shows in
+    no collective count). Without it a rank whose function needs no collective can
+    finish and close its sockets while a peer is still inside gloo's full-mesh
+    connect, which then fails with "Connection closed by peer".
+    """
+    if world_size == 1:
+        return
+    from torch.distributed import FileStore  # type: ignore[attr-defined]
+
+    store = FileStore(f"{rdzv}.joined", world_size)
+    store.set(f"rank{rank}", "1")
+    store.wait([f"rank{r}" for r in range(world_size)], datetime.timedelta(seconds=timeout_s))
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -158,6 +175,7 @@ def _rank_main(
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=torch.device("cuda", rank) if backend == "nccl" else None,
         )
+        _wait_for_peers(rdzv, rank, world_size, timeout_s)
         fn = _resolve(*fn_ref)
         args, kwargs = pickle.loads(payload)
         value = fn(*args, **kwargs)
