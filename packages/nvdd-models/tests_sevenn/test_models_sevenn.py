@@ -84,6 +84,15 @@ def test_the_wrapper_is_sevennet_and_a_checkpoint_round_trips(tmp_path: Path) ->
         assert float(np.abs(f_ref).max()) > 1e-3  # forces that could be wrong
         assert torch.allclose(got["atom_energies"].sum(), got["energy"][0], atol=1e-5)
 
+    # frozen weights by default (the forces need no weight gradient); freeze=False
+    # keeps sevenn's trainable parameters and gives the same numbers
+    assert not any(p.requires_grad for p in model.sevennet.parameters())
+    kept = SevenNetModel.from_config(CONFIG, seed=3, dtype=torch.float32, skin=0.3, freeze=False)
+    assert any(p.requires_grad for p in kept.sevennet.parameters())
+    mine, theirs = model(batch), kept(batch)
+    assert torch.equal(mine["forces"], theirs["forces"])
+    assert torch.equal(mine["energy"], theirs["energy"])
+
     path = tmp_path / "checkpoint_tiny.pth"
     trainer = Trainer(plain, [], torch.optim.Adam, device="cpu")
     trainer.write_checkpoint(str(path), config=full, epoch=1)

@@ -71,7 +71,6 @@ from nvdd.core import (
     get_rank,
 )
 from nvdd.models._checks import config_error
-from nvdd.models._forces import freeze_parameters
 from nvdd.models._neighbors import EdgeList
 from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
@@ -327,9 +326,7 @@ class AIMNet2Model(ReceptiveFieldWrapper):
         cutoff = float(inner.aev.rc_s)
         if not cutoff > 0:
             raise config_error(f"AIMNet2Model: the model's cutoff rc_s is {cutoff}")
-        self.aimnet = self._convert(model, dtype, device)
-        if freeze:
-            freeze_parameters(self.aimnet)
+        self.aimnet = self._convert(model, dtype, device, freeze=freeze)
         self._cutoff = cutoff
         self.neighbors = VerletList(cutoff, skin)
         self.coulomb_neighbors = (

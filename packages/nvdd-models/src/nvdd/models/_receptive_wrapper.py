@@ -6,8 +6,8 @@ unmodified on a batch's rows under :func:`nvdd.spec.receptive_field_spec`
 (``fold=True``, record 0067): a halo of ``layers x cutoff + skin`` around every
 owned atom, the forces the derivative of the owned rows' energies. They share
 the optional import of their package (:class:`OptionalPackage`), the checks of
-the ``skin`` / ``dtype`` arguments and the conversion of the model
-(:meth:`ReceptiveFieldWrapper._convert`), the ``cutoff`` / ``dtype``
+the ``skin`` / ``dtype`` arguments and the conversion of the model (dtype,
+device, frozen weights: :meth:`ReceptiveFieldWrapper._convert`), the ``cutoff`` / ``dtype``
 properties, the batch's dtype check, the receptive-field spec and the outputs
 by autograd of the per-atom energies (:class:`ReceptiveFieldWrapper`).
 """
@@ -22,6 +22,7 @@ import torch
 
 from nvdd.core import Batch, ModelOutputs, ValidationError, import_optional
 from nvdd.models._checks import check_positive, config_error
+from nvdd.models._forces import freeze_parameters
 from nvdd.models._verlet import VerletList
 from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, receptive_field_spec
 
@@ -74,11 +75,18 @@ class ReceptiveFieldWrapper(BaseModelMixin, torch.nn.Module):
 
     @staticmethod
     def _convert(
-        model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device | str | None
+        model: torch.nn.Module,
+        dtype: torch.dtype | None,
+        device: torch.device | str | None,
+        *,
+        freeze: bool,
     ) -> torch.nn.Module:
-        """``model`` in ``dtype`` on ``device`` (each kept where None), in eval mode."""
+        """``model`` in ``dtype`` on ``device`` (each kept where None), in eval mode,
+        its parameters frozen if ``freeze`` (:func:`~nvdd.models._forces.freeze_parameters`)."""
         if dtype is not None or device is not None:
             model = model.to(dtype=dtype, device=device)
+        if freeze:
+            freeze_parameters(model)
         return model.eval()
 
     # ---------------------------------------------------------- properties

@@ -107,11 +107,17 @@ class SevenNetModel(ReceptiveFieldWrapper):
         Convert the parameters (float32 or float64), move the model. Default: keep.
     skin:
         Verlet skin of the wrapper's neighbour list (Angstrom).
+    freeze:
+        Turn off ``requires_grad`` of every parameter (default ``True``, as
+        ``MACEModel``, ``UMAModel`` and ``AIMNet2Model`` do): the forces
+        differentiate the positions only, and autograd then keeps no activation
+        that only a weight gradient needs (record 0088). ``False`` leaves the
+        parameters as they are.
 
     Attributes
     ----------
     sevennet:
-        The wrapped module.
+        The wrapped module (its parameters frozen unless ``freeze=False``).
     neighbors:
         The wrapper's :class:`~nvdd.models.VerletList` (cutoff: the model's).
     layers:
@@ -141,6 +147,7 @@ class SevenNetModel(ReceptiveFieldWrapper):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
         skin: float = 0.0,
+        freeze: bool = True,
     ) -> None:
         super().__init__()
         sequential = sevenn_module("sevenn.nn.sequential")
@@ -172,7 +179,7 @@ class SevenNetModel(ReceptiveFieldWrapper):
         for module in model.modules():
             if isinstance(module, embedding.OnehotEmbedding):
                 module.register_forward_hook(_onehot_to_edge_dtype)
-        self.sevennet = model = self._convert(model, dtype, device)
+        self.sevennet = model = self._convert(model, dtype, device, freeze=freeze)
         self.modal = modal
         self._cutoff = cutoff
         self._elements = sorted(int(z) for z in inner.type_map)

@@ -59,7 +59,7 @@ from nvdd.core import (
 )
 from nvdd.models._checks import check_positive, config_error
 from nvdd.models._dd import energy_scope, halo_spec
-from nvdd.models._forces import freeze_parameters, outputs_by_autograd
+from nvdd.models._forces import outputs_by_autograd
 from nvdd.models._receptive_wrapper import OptionalPackage, ReceptiveFieldWrapper
 from nvdd.models._verlet import VerletList
 from nvdd.shardtensor import DDContext, current_dd_context, refresh_neighbors
@@ -300,10 +300,8 @@ class UMAModel(ReceptiveFieldWrapper):
         backbone.otf_graph = False
         self.layers = int(backbone.num_layers) + 1
         self._cutoff = float(backbone.cutoff)
-        model = self._convert(model, dtype, device)
+        model = self._convert(model, dtype, device, freeze=freeze)
         self.checkpoint_chunk = _checkpoint_edges(model, activation_checkpointing)
-        if freeze:
-            freeze_parameters(model)
         self.hydra = model
         # (not registered as a submodule: it is the hydra's own head)
         object.__setattr__(self, "_head", inner_head)
