@@ -8,6 +8,7 @@ import torch
 
 from nvdd.core import Batch, maxwell_boltzmann
 from nvdd.models import LennardJones, LJBackend, LJConfig, MPNNConfig, ReferenceMPNN
+from nvdd.testing import binary_lattice
 
 AR_A = 5.26  # FCC lattice constant of argon, Angstrom
 LJ_CUTOFF = 6.0
@@ -133,39 +134,9 @@ def wrapped_max_diff(
 MACE_R_MAX = 3.5
 
 
-def _binary_lattice(
-    n: tuple[int, int, int],
-    spacing: float,
-    seed: int,
-    jitter: float,
-    species: tuple[int, int],
-    fraction: float,
-    id_step: int,
-) -> Batch:
-    """Two elements on a jittered simple-cubic lattice, fully periodic: each site is
-    ``species[0]`` with probability ``fraction``; ids shuffled, ``k * id_step +
-    id_step - 1`` (not the row order)."""
-    g = torch.Generator().manual_seed(seed)
-    grid = torch.stack(
-        torch.meshgrid(*[torch.arange(k, dtype=torch.float64) for k in n], indexing="ij"), -1
-    ).reshape(-1, 3)
-    m = grid.shape[0]
-    positions = (grid + 0.5) * spacing + jitter * torch.randn(
-        m, 3, generator=g, dtype=torch.float64
-    )
-    z = torch.where(torch.rand(m, generator=g) < fraction, species[0], species[1])
-    return Batch(
-        positions=positions,
-        atomic_numbers=z,
-        cell=torch.diag(torch.tensor(n, dtype=torch.float64) * spacing),
-        pbc=[True, True, True],
-        atom_ids=torch.randperm(m, generator=g) * id_step + id_step - 1,
-    )
-
-
 def oxide(n: tuple[int, int, int] = (6, 5, 5), spacing: float = 2.0, seed: int = 0) -> Batch:
     """A silica-like test system: O and Si (2:1) on a jittered simple-cubic lattice."""
-    return _binary_lattice(n, spacing, seed, 0.05, (8, 14), 2 / 3, 2)
+    return binary_lattice(n, spacing, seed=seed, jitter=0.05, id_step=2)
 
 
 def mace_model(
@@ -294,4 +265,4 @@ def hydrocarbon(n: tuple[int, int, int] = (6, 5, 5), spacing: float = 2.0, seed:
     numbers (about 2) fall between its reference values, so its C6 coefficients
     depend on them (in rock salt every Na and Cl weight sits on one reference to
     1e-17, and a stale ghost CN changes nothing)."""
-    return _binary_lattice(n, spacing, seed, 0.1, (6, 1), 0.75, 3)
+    return binary_lattice(n, spacing, seed=seed, species=(6, 1), fraction=0.75)
