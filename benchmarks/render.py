@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.render_peers import mace_vs_torchsim, model_vs_torchsim
 from benchmarks.render_scaling import (
     ghost_rows,
+    halo_rebuilds,
     predicted_scaling,
     predicted_scaling_mace,
     validated_scaling,
@@ -662,6 +663,8 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("ghost-rows-lj",), ghost_rows),
     (("lj-1gpu-whole-axes",), whole_axes_one_gpu),
     (("scaling-predicted-lj",), predicted_scaling),
+    (("halo-rebuilds-lj",), halo_rebuilds),
+    (("halo-rebuilds-lj-cpu",), halo_rebuilds),
     (("scaling-predicted-mpnn",), predicted_scaling),
     (("scaling-predicted-mace",), predicted_scaling_mace),
     (("scaling-predicted-lj",), validation_command),

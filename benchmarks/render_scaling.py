@@ -425,3 +425,66 @@ def validated_scaling(doc: dict[str, Any]) -> str:
         "and owned rows per rank are the largest rank's.\n\n"
         f"{table(head, body, [False, False] + [True] * 8)}\n\n*{source(doc)}*\n"
     )
+
+
+def halo_rebuilds(doc: dict[str, Any]) -> str:
+    """Steady steps and the halo's rebuild steps on one rank with the halo forced
+    (benchmarks/halo_rebuilds.py); one table per file, GPU or CPU."""
+    rows = doc["rows"]
+    gpu = doc["machine"].get("gpus", 0) > 0
+    head = ["atoms", "dtype", "halo skin A", "ghost rows", "raw ms", "halo forced ms"]
+    head += ["steady step ms", "rebuild step ms", "rebuilds / 100 steps", "rebuilds add"]
+    body = [
+        [
+            atoms(r["atoms"]),
+            short(r["dtype"]),
+            num(r["halo_skin"], 1),
+            atoms(r["ghosts"]),
+            num(r["raw_ms"]),
+            num(r["ms_per_step"]),
+            num(r["steady_ms"]),
+            num(r["rebuild_ms"]) if r["rebuild_ms"] is not None else "-",
+            num(100 * r["rebuild_steps"] / r["steps"], 1),
+            num(100 * r["rebuild_share"], 1) + " %",
+        ]
+        for r in rows
+    ]
+    out = [
+        "### The halo's rebuild steps"
+        + ("" if gpu else " (CPU, a halo skin thicker than the model's)"),
+        "",
+    ]
+    if gpu:
+        worst = max(rows, key=lambda r: r["rebuild_share"])
+        ratio = worst["rebuild_ms"] / worst["steady_ms"]
+        out += [
+            "The predictions above time each rank's steady step. The runtime also rebuilds",
+            "its halo (migration, a new plan, the model's list on the new rows, the step",
+            "captured again) whenever some atom moved more than half the halo's skin. On one",
+            "rank with the halo forced, each step timed alone (synchronised) and sorted:",
+            f"a rebuild step costs up to {num(ratio, 1)}x a steady one, and the rebuild steps",
+            f"add up to {num(100 * worst['rebuild_share'], 0)} % to the steps' time: a cost the",
+            "emulation leaves out (the `calibrated` column charges the runtime's whole difference",
+            "to every rank). Halo forced ms: the steps timed together (the rebuilds that fell due",
+            "included); steady and rebuild step ms: the steps timed alone. What would cut it:",
+            "fewer rebuilds (a halo skin thicker than the model's, below) or cheaper ones (the",
+            "host-side plan, the capture after each rebuild).",
+        ]
+    else:
+        out += [
+            "`DomainConfig.skin` sets the halo's skin; the model keeps its own"
+            f" ({num(rows[0]['model_skin'], 1)} A here)",
+            "and checks its list every step, as in one process. A thicker halo skin is exact",
+            "(the halo holds every atom the list can reach until an atom moves half the halo's",
+            "skin) and trades rebuild steps for ghost rows: on these CPU ranks the halo was",
+            "rebuilt "
+            + " and ".join(
+                f"{r['rebuild_steps']} times (skin {num(r['halo_skin'], 1)})" for r in rows
+            )
+            + f" in {rows[0]['steps']} steps timed alone; the model rebuilt its",
+            "list as often either way (`list_builds`). CPU times do not carry over to a GPU, where a rebuild",
+            "step is several steady ones (table above); the GPU rows with a thicker halo are",
+            "not measured yet.",
+        ]
+    out += ["", table(head, body, [True, False] + [True] * (len(head) - 2))]
+    return "\n".join([*out, "", f"*{source(doc)}*", ""])
