@@ -314,3 +314,25 @@ def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
     moved = (dyn.batch.positions - start).abs().amax(dim=1)
     assert float(moved[:n].max()) > 1e-3
     assert float(moved[n:].max()) < 1e-20
+
+
+def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path) -> None:
+    from benchmarks import halo_rebuilds as hr
+
+    argv = ["--cells", "5", "--steps", "30", "--halo-skin", "1.0", "2.0", "--out", str(tmp_path)]
+    assert hr.main(argv) == 0
+    doc = json.loads((tmp_path / "halo-rebuilds-lj.json").read_text())
+    same, thick = doc["rows"]
+    assert (same["halo_skin"], thick["halo_skin"], same["model_skin"]) == (1.0, 2.0, 1.0)
+    for r in (same, thick):
+        assert r["steady_steps"] + r["rebuild_steps"] + r["other_steps"] == r["steps"] == 30
+        assert r["other_steps"] == 0  # (nothing is captured on a CPU)
+        assert len(r["forced_rebuild_ms"]) == len(r["after_rebuild_ms"]) == hr.FORCED
+        assert r["atoms"] == 500 and 0 <= r["rebuild_share"] < 1
+    assert thick["ghosts"] > same["ghosts"]  # a thicker halo holds more rows
+    share = hr.rebuild_share(
+        {"rebuild_steps": 2, "rebuild_ms": 5.0, "steady_ms": 1.0, "synced_ms": 1.5}, 10
+    )
+    assert math.isclose(share, 2 * 4.0 / 15.0)
+    page = render.render(render.load_results(tmp_path))
+    assert "### The halo's rebuild steps (CPU" in page and "| 500 | fp32 | 2.0 |" in page
