@@ -137,6 +137,7 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
         assert row["grid"] == "2x1x1" and row["ranks"] == 2
         assert sum(r["owned"] for r in row["per_rank"]) == raw["atoms"] == 256
         assert row["max_force_err"] < 1e-12  # owned forces = the periodic system's
+        assert row["check_force_max"] > 1e-3  # (displaced atoms: forces that can differ)
         assert row["receivers"] == "owned"  # each rank's list as under the runtime
         assert all(r["pairs"] > 0 for r in row["per_rank"])
         assert row["bytes_per_exchange"] == row["ghost_max"] * 3 * 8
