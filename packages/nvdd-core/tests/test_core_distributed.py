@@ -211,3 +211,24 @@ def test_an_nccl_group_is_bound_to_this_ranks_gpu(
         )  # fmt: skip
     assert seen["backend"] == backend
     assert seen["device_id"] == bound
+
+
+def _shut_down_after(delay_s: float) -> tuple[float, bool]:
+    import time
+
+    from nvdd.core import shutdown_distributed
+
+    t0 = time.perf_counter()
+    if dist.get_rank() == 1:  # the last rank to finish
+        time.sleep(delay_s)
+    shutdown_distributed(barrier=True)
+    return time.perf_counter() - t0, dist.is_initialized()
+
+
+@pytest.mark.gloo
+def test_shutdown_with_a_barrier_waits_for_every_rank_then_destroys_the_group() -> None:
+    from nvdd.core import spawn_ranks
+
+    (waited, alive0), (_, alive1) = spawn_ranks(_shut_down_after, 2, 0.5, backend="gloo")
+    assert waited >= 0.45, waited  # rank 0 waited for rank 1 before destroying its group
+    assert not alive0 and not alive1

@@ -47,7 +47,14 @@ from nvalchemi.distributed._stop import (
     install_stop_handlers,
     stop_signal,
 )
-from nvdd.core import Batch, CommunicationError, any_rank, init_distributed, maxwell_boltzmann
+from nvdd.core import (
+    Batch,
+    CommunicationError,
+    any_rank,
+    init_distributed,
+    maxwell_boltzmann,
+    shutdown_distributed,
+)
 from nvdd.dynamics import (
     KB_EV_PER_K,
     MTKNPT,
@@ -437,7 +444,7 @@ def run_rank(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     run = _Run(args, rank, env.world_size)
     try:
-        return _main(run, env, device, dtype)
+        status = _main(run, env, device, dtype)
     except BaseException:
         signum = stop_signal()
         if signum is None:
@@ -446,6 +453,10 @@ def run_rank(args: argparse.Namespace) -> int:
         return 128 + signum
     finally:
         run.close()
+    # every rank is done (rank 0 last, after its comparison): the group is destroyed
+    # on all ranks together, before any of them ends (record 0090)
+    shutdown_distributed(barrier=True)
+    return status
 
 
 def _stopped(run: _Run, signum: int) -> None:

@@ -233,13 +233,25 @@ def make_mesh(
     return mesh
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(*, barrier: bool = False) -> None:
     """Stop nvdd's watchdogs and destroy the default process group if one exists.
 
     **Collective** (all ranks). Calling it is optional: with
     :func:`init_distributed` (or ``DomainParallel``) the same teardown runs at
     interpreter exit.
+
+    Parameters
+    ----------
+    barrier:
+        First wait until every rank of the default group has called it (one
+        all-reduce of one integer), so that no rank destroys its group, and then
+        ends, while a peer still works or exchanges: the way to end a job that
+        finished (``nvdd run`` ends so). Without it the teardown is local (the
+        test plugin's clean-up of a group a test left behind, whose peers may
+        be gone).
     """
+    if barrier and dist.is_available() and dist.is_initialized():
+        any_rank(False)
     teardown()
 
 
