@@ -273,6 +273,8 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
             "term is small on NVLink. What would remove it: forces of interior atoms",
             "computed while the ghosts are in flight, one fused pack/fold/check kernel, and",
             "(for 2x1x1) the `split` layout (`DomainConfig(wrap_whole_axes=True)`).",
+            "The runtime also pays its halo's rebuild steps, which these steady-step",
+            "predictions leave out and the `calibrated` column charges (the next section).",
         ]
     else:  # a result of the emulation before each rank counted owned receivers only
         out += [
