@@ -5,11 +5,13 @@ predicted on GPU 0 (``benchmarks/predict_scaling.py``: each rank's real rows run
 in turn, exchanges as device copies, a stated communication term) and then
 measured: ``DomainParallel`` on P ranks over NCCL (one process per GPU, through
 ``nvdd.core.spawn_ranks``), the same system, model, dtype, grid (passed as
-``DomainConfig.grid_dims``), steps and warm-up. The measured step is the
-steady one as the prediction defines it: after the warm-up (which includes one
-forced rebuild, so one-time kernel loads are not timed), each rank times its
-``steps`` steps between a barrier and its own device synchronisation; the
-measured step is the maximum over ranks. The per-phase times of both sides come
+``DomainConfig.grid_dims``), steps and warm-up. The measured step is what a
+run pays: after the warm-up (which includes one forced rebuild, so one-time
+kernel loads are not timed), each rank times its ``steps`` steps between a
+barrier and its own device synchronisation; the measured step is the maximum
+over ranks. Those steps include the halo rebuilds that fall due (counted:
+``rebuilds``), which the prediction, a steady step, leaves out
+(``benchmarks/halo_rebuilds.py`` measures a rebuild step's cost on one GPU). The per-phase times of both sides come
 from a second, shorter run with synchronised phase timers (the runtime's
 ``DDStats.seconds``) and from the prediction's slowest rank.
 
@@ -103,10 +105,12 @@ def measure_rank(
                 dp.run(1)
             harness.sync(device)
             dist.barrier()
+            rebuilds = dp.stats.rebuilds
             t0 = time.perf_counter()
             dp.run(steps)
             harness.sync(device)
             ms = 1000.0 * (time.perf_counter() - t0) / steps
+            rebuilds = dp.stats.rebuilds - rebuilds
             dist.barrier()
             dp.model.sync_timings = True
             for k in dp.stats.seconds:
@@ -120,6 +124,7 @@ def measure_rank(
     return {
         "rank": rank,
         "ms_per_step": ms,
+        "rebuilds": rebuilds,
         "phases_ms": phases,
         "owned": owned[rank],
         "owned_all": owned,
@@ -140,6 +145,8 @@ def compare(predicted: dict[str, Any], measured: list[dict[str, Any]]) -> dict[s
         **{k: predicted[k] for k in keep},
         "predicted_ms": predicted["predicted_ms"],
         "measured_ms": measured_ms,
+        # halo rebuilds in the measured steps (the same on every rank: one decision)
+        "measured_rebuilds": slow["rebuilds"],
         "ratio": measured_ms / predicted["predicted_ms"],
         "predicted_speedup": predicted["speedup"],
         "measured_speedup": predicted["raw_ms"] / measured_ms,
@@ -149,7 +156,7 @@ def compare(predicted: dict[str, Any], measured: list[dict[str, Any]]) -> dict[s
             for r in predicted["per_rank"]
         ],
         "measured_per_rank": [
-            {k: r[k] for k in ("rank", "owned", "ghost", "ms_per_step", "phases_ms")}
+            {k: r[k] for k in ("rank", "owned", "ghost", "ms_per_step", "rebuilds", "phases_ms")}
             for r in measured
         ],
     }
@@ -169,6 +176,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             f"{system:<22}{r['grid']:>7}{r['ranks']:>3}{f(r['predicted_ms']):>14}"
             f"{f(r['measured_ms']):>13}{f(r['ratio']):>7}"
         )
+        lines.append(f"    halo rebuilds in the measured steps: {r['measured_rebuilds']}")
         lines.append(
             "    phases ms (predicted / measured): "
             + ", ".join(
