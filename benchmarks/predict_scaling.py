@@ -49,7 +49,7 @@ Each rank's row also records ``pairs``, the entries of its neighbour list.
 (MACE of benchmarks/bench_mace.py's ``--mace-size`` shape, random weights, on its
 silica-like box of ``cells**3`` sites; ``--cueq`` for cuEquivariance's kernels)
 run each rank's model inside a DD context whose ghost rows copy owned rows, with
-the model's spec adapters installed, and add one exchange of the ghosts'
+the model's spec adapters installed (their ghost rows held at rest too), and add one exchange of the ghosts'
 features per refresh and per fold to the communication term.
 
 Memory (issue 36's capacity target): on CUDA each run also records its GPU peak,
@@ -400,14 +400,15 @@ def time_rank(
     local = local_system(batch, owned, src, shift, pbc)
     n_o, n_g = owned.numel(), src.numel()
     dt_fs, adapters = DT_FS, {}
+    # the ghosts move only by the exchange, as on a rank (see hold_ghosts)
+    local = hold_ghosts(local, n_o)
     if scoped:
         model = _Scoped(model, n_o, n_g, device, pbc)
         model.registry.install()
         adapters = {"adapters": sum(s.applied for s in model.registry.statuses)}
         dt_fs = MACE_DT_FS if type(model.inner).__name__ == "MACEModel" else DT_FS
-    else:  # LJ: the owned receivers of a rank's runtime, its ghosts moved only by the exchange
+    else:  # LJ: the owned receivers of a rank's runtime
         model = _Owned(model, n_o)
-        local = hold_ghosts(local, n_o)
     try:
         dyn = VelocityVerlet(model, local, dt_fs=dt_fs, cuda_graphs=graphs and not scoped)
         model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
