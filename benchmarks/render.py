@@ -569,6 +569,50 @@ run); results go to `benchmarks/results/` and this page is rendered from them.
 """
 
 
+def main_ab(doc: dict[str, Any]) -> str:
+    """Main against the commit before issues 35 and 36, one lease: B / A per row,
+    the rows above 1.03 named from the data."""
+    rows = [
+        [
+            r["bench"].upper() if r["bench"] != "mace" else "MACE",
+            r["run"],
+            atoms(r["atoms"]),
+            short(r["dtype"]),
+            " / ".join(num(x) for x in r["a_runs_ms"]),
+            " / ".join(num(x) for x in r["b_runs_ms"]),
+            num(r["b_over_a"], 3),
+        ]
+        for r in doc["rows"]
+    ]
+    ratios = [r["b_over_a"] for r in doc["rows"]]
+    over = [
+        f"{r['bench'].upper()} {r['run']} {short(r['dtype'])} ({num(r['b_over_a'], 3)}: runs "
+        f"{' and '.join(num(x) for x in r['b_runs_ms'])} ms against "
+        f"{' and '.join(num(x) for x in r['a_runs_ms'])})"
+        for r in doc["rows"]
+        if r["b_over_a"] > 1.03
+    ]
+    text = (
+        "## Main against the commit before issues 35 and 36\n\n"
+        "Issues 35 (the step written once) and 36 (ghosts only where a neighbour rank\n"
+        "is) ask that no single-GPU row get slower. A is 031bb92, the commit both issues\n"
+        "were filed at, B the main named below; both ran in one lease of one GPU, two\n"
+        "runs a side in alternated pairs (each side's runs in the table, B / A of\n"
+        f"their means): B / A from {num(min(ratios), 3)} to {num(max(ratios), 3)}"
+    )
+    if over:
+        text += f"; above 1.03: {'; '.join(over)}"
+    head = ["model", "run", "atoms", "dtype", "A ms (runs)", "B ms (runs)", "B / A"]
+    return (
+        text
+        + ".\n\n"
+        + table(head, rows, [False, False, True, False, True, True, True])
+        + "\n\n"
+        + source(doc)
+        + "\n"
+    )
+
+
 def step_refactor_ab(doc: dict[str, Any]) -> str:
     """The A/B of the step refactor (issue 35): B / A per row, both rounds."""
     rows = [
@@ -657,6 +701,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("aimnet2-1gpu-torchsim",), model_vs_torchsim),
     (("sevennet-1gpu-torchsim",), model_vs_torchsim),
     (("step-refactor-ab",), step_refactor_ab),
+    (("one-gpu-ab-031bb92",), main_ab),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
     (("receptive-field-cpu",), receptive_field),
