@@ -236,7 +236,7 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
             table(header, body, right),
         ]
     gaps = ", ".join(
-        f"{num(r['runtime_ms'] / r['slowest']['total_ms'], 1)}x in {r['dtype']}"
+        f"{num(r['runtime_ms'] / r['slowest']['total_ms'], 2)}x in {r['dtype']}"
         for r in rows
         if r.get("runtime_ms") is not None
     )
@@ -473,9 +473,10 @@ def halo_rebuilds(doc: dict[str, Any]) -> str:
             "emulation leaves out (the `calibrated` column charges the runtime's whole difference",
             "to every rank). Halo forced ms: the steps timed together (the rebuilds that fell due",
             "included); steady and rebuild step ms: the steps timed alone. What would cut it:",
-            "fewer rebuilds (a halo skin thicker than the model's, below) or cheaper ones (the",
+            "fewer rebuilds (a halo skin thicker than the model's) or cheaper ones (the",
             "host-side plan, the capture after each rebuild).",
         ]
+        out += _thicker_halo(rows)
     else:
         out += [
             "`DomainConfig.skin` sets the halo's skin; the model keeps its own"
@@ -489,8 +490,36 @@ def halo_rebuilds(doc: dict[str, Any]) -> str:
             )
             + f" in {rows[0]['steps']} steps timed alone; the model rebuilt its",
             "list as often either way (`list_builds`). CPU times do not carry over to a GPU, where a rebuild",
-            "step is several steady ones (table above); the GPU rows with a thicker halo are",
-            "not measured yet.",
+            "step is several steady ones (table above, with the GPU's trade).",
         ]
     out += ["", table(head, body, [True, False] + [True] * (len(head) - 2))]
     return "\n".join([*out, "", f"*{source(doc)}*", ""])
+
+
+def _thicker_halo(rows: list[dict[str, Any]]) -> list[str]:
+    """The GPU's trade of a halo skin thicker than the model's, per system size,
+    read from the rows (empty when every row has the model's skin)."""
+    lines = []
+    for r in rows:
+        if r["halo_skin"] == r["model_skin"]:
+            continue
+        base = next(
+            (b for b in rows if b["atoms"] == r["atoms"] and b["dtype"] == r["dtype"]
+             and b["halo_skin"] == b["model_skin"]),
+            None,
+        )  # fmt: skip
+        if base is None:
+            continue
+        lines.append(
+            f"at {atoms(r['atoms'])} atoms a halo skin of {num(r['halo_skin'], 1)} A"
+            f" (the model's {num(r['model_skin'], 1)}) rebuilt the halo {r['rebuild_steps']}"
+            f" times instead of {base['rebuild_steps']} and held"
+            f" {num(100 * (r['ghosts'] / base['ghosts'] - 1), 0)} % more ghost rows,"
+            f" its steady step {num(100 * (r['steady_ms'] / base['steady_ms'] - 1), 1)} %"
+            f" slower, all steps together {num(base['ms_per_step'])} ->"
+            f" {num(r['ms_per_step'])} ms"
+            f" ({num(100 * (r['ms_per_step'] / base['ms_per_step'] - 1), 1)} %)"
+        )
+    if not lines:
+        return []
+    return ["", "On this GPU, " + "; ".join(lines) + "."]
