@@ -214,6 +214,26 @@ def test_model_options_are_checked_before_ranks_start(
     assert main(["run", "--model", "mace", "--model-file", str(tmp_path / "missing.model")]) == 2
     assert "missing.model' does not exist" in capsys.readouterr().err
     assert build_parser().parse_args(["run"]).model == "lj"
+    # --uma-checkpoint: UMA's only, on / off / a positive number of edges
+    assert main(["run", "--uma-checkpoint", "off"]) == 2
+    assert "--uma-checkpoint is a setting of --model uma, not of --model lj" in (
+        capsys.readouterr().err
+    )
+    for bad in ("0", "-5", "maybe", "1.5"):
+        assert main(["run", "--model", "uma", "--uma-checkpoint", bad]) == 2, bad
+        assert f"positive number of edges per chunk, got {bad!r}" in capsys.readouterr().err
+    uma = ["run", "--model", "uma", "--uma-checkpoint"]
+    assert validate(build_parser().parse_args([*uma, "OFF"])) == []
+    assert validate(build_parser().parse_args([*uma, "65536"])) == []
+
+
+def test_uma_checkpoint_values_read_as_the_model_takes_them() -> None:
+    from nvalchemi.distributed._model_args import uma_checkpointing
+
+    assert uma_checkpointing("on") is True and uma_checkpointing(" Off ") is False
+    assert uma_checkpointing("4096") == 4096
+    with pytest.raises(ValueError, match="got '0'"):
+        uma_checkpointing("0")
 
 
 @pytest.mark.gloo

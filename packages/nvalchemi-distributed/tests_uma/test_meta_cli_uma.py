@@ -133,6 +133,30 @@ def test_nvdd_run_builds_uma_from_a_checkpoint_or_its_own() -> None:
     assert "--task is the fairchem task of --model uma" in " ".join(validate(args))
 
 
+def test_nvdd_run_sets_uma_activation_checkpointing() -> None:
+    """``--uma-checkpoint off`` builds the UMA without fairchem's activation
+    checkpointing, a number sets its chunk of edges, no flag keeps the model's
+    default (on); the forces agree (float64)."""
+    from nvalchemi.distributed._checks import validate
+    from nvalchemi.distributed._models import build_model, builtin_system
+
+    forces = {}
+    for flag, chunk in ((None, "default"), ("off", None), ("5000", 5000)):
+        extra = [] if flag is None else ["--uma-checkpoint", flag]
+        args = build_parser().parse_args(["run", "--model", "uma", "--cells", "4", *extra])
+        assert validate(args) == [], flag
+        model = build_model(args, torch.device("cpu"), torch.float64)
+        if chunk == "default":
+            assert model.checkpoint_chunk is not None and model.checkpoint_chunk > 0
+        else:
+            assert model.checkpoint_chunk == chunk, flag
+        batch = builtin_system(args, torch.float64)
+        assert batch is not None
+        forces[flag] = model(batch)["forces"]
+    torch.testing.assert_close(forces["off"], forces[None], rtol=0, atol=1e-10)
+    torch.testing.assert_close(forces["5000"], forces[None], rtol=0, atol=1e-10)
+
+
 def test_nvdd_run_with_a_uma_checkpoint_on_two_ranks(tmp_path: Path) -> None:
     """One launch: 2 CPU ranks, the built-in O/Si box, the mixture-of-experts model
     from a checkpoint (merged on every rank for the box); the run's own

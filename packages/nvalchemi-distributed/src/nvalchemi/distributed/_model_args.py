@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["BUILTIN_MACE_ELEMENTS", "FILE_MODELS", "MODELS", "model_args_problem"]
+__all__ = [
+    "BUILTIN_MACE_ELEMENTS",
+    "FILE_MODELS",
+    "MODELS",
+    "model_args_problem",
+    "uma_checkpointing",
+]
 
 #: ``--model`` choices.
 MODELS = ("lj", "mace", "sevenn", "uma", "aimnet2")
@@ -22,6 +28,27 @@ FILE_MODELS = {
 BUILTIN_MACE_ELEMENTS = (8, 14)
 
 
+def uma_checkpointing(value: str) -> bool | int:
+    """``--uma-checkpoint``'s value as ``UMAModel(activation_checkpointing=)`` takes
+    it: ``on`` True, ``off`` False, a positive whole number of edges per chunk.
+
+    Raises
+    ------
+    ValueError
+        On anything else (the message names the value).
+    """
+    word = value.strip().lower()
+    if word == "on":
+        return True
+    if word == "off":
+        return False
+    if word.isdigit() and int(word) > 0:
+        return int(word)
+    raise ValueError(
+        f"--uma-checkpoint is on, off or a positive number of edges per chunk, got {value!r}"
+    )
+
+
 def model_args_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the model options, or None."""
     model = getattr(args, "model", "lj")
@@ -33,6 +60,14 @@ def model_args_problem(args: argparse.Namespace) -> str | None:
         return f"--model-file is a model file: use it with {kinds}, not --model {model}"
     if getattr(args, "task", None) is not None and model != "uma":
         return f"--task is the fairchem task of --model uma, not of --model {model}"
+    checkpointing = getattr(args, "uma_checkpoint", None)
+    if checkpointing is not None:
+        if model != "uma":
+            return f"--uma-checkpoint is a setting of --model uma, not of --model {model}"
+        try:
+            uma_checkpointing(checkpointing)
+        except ValueError as exc:
+            return str(exc)
     if model_file is not None and not Path(model_file).is_file():
         return f"--model-file {model_file!r} does not exist or is not a file"
     return None

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from nvalchemi.distributed._model_args import uma_checkpointing
 from nvdd.core import Batch, OptionalDependencyError, maxwell_boltzmann
 
 __all__ = [
@@ -79,7 +80,8 @@ def _sevenn(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
 
 def _uma(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """``--model uma``: the checkpoint ``args.model_file`` (fairchem's own loader) for
-    ``args.task``, or a small random UMA (weights from seed 0). A mixture-of-experts
+    ``args.task``, or a small random UMA (weights from seed 0); activation
+    checkpointing as ``--uma-checkpoint`` says (the model's default when not given). A mixture-of-experts
     backbone is merged for the run's system (``--structure`` or the built-in box,
     read here on every rank: the merge needs its composition)."""
     models = _mace_modules()
@@ -89,6 +91,9 @@ def _uma(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> 
 
         whole = Batch.from_ase(read_structure(args.structure), dtype=dtype)
     kwargs = {"dtype": dtype, "device": device, "skin": args.skin, "merge_for": whole}
+    checkpointing = getattr(args, "uma_checkpoint", None)
+    if checkpointing is not None:
+        kwargs["activation_checkpointing"] = uma_checkpointing(checkpointing)
     path = getattr(args, "model_file", None)
     if path:
         return models.UMAModel.from_checkpoint(path, task=getattr(args, "task", None), **kwargs)

@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="--model uma: the fairchem task (dataset) to predict for, e.g. omat, omol, oc20 "
         "(default: the checkpoint's only energy task)",
     )
+    system.add_argument(
+        "--uma-checkpoint",
+        default=None,
+        metavar="on|off|EDGES",
+        help="--model uma: fairchem's activation checkpointing (on, the default: its chunk of "
+        "edges, activations recomputed for less memory; off: every activation kept; a positive "
+        "number: edges per chunk). The same numbers either way, up to the order of per-chunk sums",
+    )
     system.add_argument("--cutoff", type=float, default=8.5, help="LJ cutoff, Angstrom")
     system.add_argument(
         "--lj",
