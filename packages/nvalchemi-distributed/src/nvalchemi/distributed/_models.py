@@ -81,9 +81,10 @@ def _sevenn(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
 def _uma(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """``--model uma``: the checkpoint ``args.model_file`` (fairchem's own loader) for
     ``args.task``, or a small random UMA (weights from seed 0); activation
-    checkpointing as ``--uma-checkpoint`` says (the model's default when not given). A mixture-of-experts
-    backbone is merged for the run's system (``--structure`` or the built-in box,
-    read here on every rank: the merge needs its composition)."""
+    checkpointing as ``--uma-checkpoint`` says (the model's default when not
+    given). A mixture-of-experts backbone is merged for the run's system
+    (``--structure`` or the built-in box, read here on every rank: the merge needs
+    its composition)."""
     models = _mace_modules()
     whole: Batch | None = builtin_system(args, dtype)
     if args.structure:

@@ -83,9 +83,9 @@ class LJConfig:
         Verlet skin of the model's neighbour list (Angstrom): the list holds the
         pairs within ``cutoff + skin`` and is searched again once some atom has
         moved ``skin / 2``. Any value is exact; 0 (the default) searches at
-        every step, which is the slowest. About 1 A suits argon at ``cutoff=8.5``
-        (what ``nvdd run`` and the examples use); more means fewer searches and
-        more pairs per step.
+        every step. About 1 A suits argon at ``cutoff=8.5`` (what ``nvdd run``
+        and the examples use); more means fewer searches and more pairs per
+        step.
     backend:
         :class:`LJBackend`: Warp kernels (``AUTO`` picks them when they apply)
         or the torch reference. Both give the same numbers (float64 to
