@@ -111,7 +111,11 @@ def _rank(cells: int, dtype_name: str, halo_skin: float, steps: int, device: str
 
 def rebuild_share(r: dict[str, Any], steps: int) -> float:
     """The part of the synchronised steps' time that the rebuild steps add over
-    steady ones: ``rebuild_steps x (rebuild_ms - steady_ms) / (steps x synced_ms)``."""
+    steady ones: ``rebuild_steps x (rebuild_ms - steady_ms) / (steps x synced_ms)``.
+
+    Below 1 by construction (``synced_ms`` is the mean over every step, rebuild
+    steps included); negative when the rebuild steps were timed faster than the
+    steady mean, which noise does on a loaded host with few rebuilds."""
     if not r["rebuild_steps"] or r["steady_ms"] is None:
         return 0.0
     return r["rebuild_steps"] * (r["rebuild_ms"] - r["steady_ms"]) / (steps * r["synced_ms"])

@@ -329,7 +329,10 @@ def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path)
         assert r["steady_steps"] + r["rebuild_steps"] + r["other_steps"] == r["steps"] == 30
         assert r["other_steps"] == 0  # (nothing is captured on a CPU)
         assert len(r["forced_rebuild_ms"]) == len(r["after_rebuild_ms"]) == hr.FORCED
-        assert r["atoms"] == 500 and 0 <= r["rebuild_share"] < 1
+        assert r["atoms"] == 500
+        # a timing: on a loaded CPU a rebuild step can come out faster than the
+        # steady mean (a negative share); only the bound from the mean is structural
+        assert r["rebuild_share"] == hr.rebuild_share(r, 30) and r["rebuild_share"] < 1
     assert thick["ghosts"] > same["ghosts"]  # a thicker halo holds more rows
     share = hr.rebuild_share(
         {"rebuild_steps": 2, "rebuild_ms": 5.0, "steady_ms": 1.0, "synced_ms": 1.5}, 10
