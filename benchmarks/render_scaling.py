@@ -461,8 +461,9 @@ def halo_rebuilds(doc: dict[str, Any]) -> str:
         "",
     ]
     if gpu:
-        worst = max(rows, key=lambda r: r["rebuild_share"])
-        ratio = worst["rebuild_ms"] / worst["steady_ms"]
+        rebuilt = [r for r in rows if r["rebuild_ms"] is not None and r["steady_ms"]]
+        worst = max(rebuilt or rows, key=lambda r: r["rebuild_share"])
+        ratio = worst["rebuild_ms"] / worst["steady_ms"] if rebuilt else 1.0
         out += [
             "The predictions above time each rank's steady step. The runtime also rebuilds",
             "its halo (migration, a new plan, the model's list on the new rows, the step",
@@ -496,6 +497,12 @@ def halo_rebuilds(doc: dict[str, Any]) -> str:
     return "\n".join([*out, "", f"*{source(doc)}*", ""])
 
 
+def _change(new: float, old: float) -> str:
+    """``"3.7 % slower"`` or ``"1.2 % faster"``: a time against its baseline."""
+    pct = 100 * (new / old - 1)
+    return f"{num(abs(pct), 1)} % " + ("slower" if pct >= 0 else "faster")
+
+
 def _thicker_halo(rows: list[dict[str, Any]]) -> list[str]:
     """The GPU's trade of a halo skin thicker than the model's, per system size,
     read from the rows (empty when every row has the model's skin)."""
@@ -515,8 +522,8 @@ def _thicker_halo(rows: list[dict[str, Any]]) -> list[str]:
             f" (the model's {num(r['model_skin'], 1)}) rebuilt the halo {r['rebuild_steps']}"
             f" times instead of {base['rebuild_steps']} and held"
             f" {num(100 * (r['ghosts'] / base['ghosts'] - 1), 0)} % more ghost rows,"
-            f" its steady step {num(100 * (r['steady_ms'] / base['steady_ms'] - 1), 1)} %"
-            f" slower, all steps together {num(base['ms_per_step'])} ->"
+            f" its steady step {_change(r['steady_ms'], base['steady_ms'])},"
+            f" all steps together {num(base['ms_per_step'])} ->"
             f" {num(r['ms_per_step'])} ms"
             f" ({num(100 * (r['ms_per_step'] / base['ms_per_step'] - 1), 1)} %)"
         )

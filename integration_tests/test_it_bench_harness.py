@@ -338,5 +338,10 @@ def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path)
         {"rebuild_steps": 2, "rebuild_ms": 5.0, "steady_ms": 1.0, "synced_ms": 1.5}, 10
     )
     assert math.isclose(share, 2 * 4.0 / 15.0)
+    from benchmarks import render_scaling
+
+    # the GPU's sentence on a thicker halo says which way a steady step moved
+    assert render_scaling._change(0.98, 1.0) == "2.0 % faster"
+    assert render_scaling._change(1.037, 1.0) == "3.7 % slower"
     page = render.render(render.load_results(tmp_path))
     assert "### The halo's rebuild steps (CPU" in page and "| 500 | fp32 | 2.0 |" in page
