@@ -25,11 +25,11 @@ from nvdd.core import (
     raise_if_any_rank,
 )
 from nvdd.partition._build import imbalance_of
-from nvdd.partition._comm import all_reduce_max, broadcast_object, reshard, resolve_group
+from nvdd.partition._comm import all_reduce_max, broadcast_object, resolve_group
 from nvdd.partition._gather import gather_to, gather_to_all
 from nvdd.partition._index import IndexPartitioner
 from nvdd.partition._owned import OwnedRows
-from nvdd.partition._scatter import ERRORS, build_local
+from nvdd.partition._scatter import checked_header, local_rows
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -232,41 +232,14 @@ class IndexShardedBatch(OwnedRows):
         if not 0 <= src < world:
             raise ConfigurationError(f"rank {rank}: src {src} is outside [0, {world})")
         header: _Header | None = None
-        fields: dict[str, torch.Tensor] = {}
-        dest: torch.Tensor | None = None
+        sent = None
         if rank == src:
             header, fields, dest = _src_rows(batch, world, src, order)
-        header = broadcast_object(header, src, group)
-        if not isinstance(header, _Header):  # pragma: no cover - defensive
-            raise ValidationError(f"rank {rank}: no header arrived from rank {src}")
-        if header.error is not None:
-            kind, message = header.error
-            raise ERRORS[kind](message)
-        if header.systems is None:  # pragma: no cover - defensive
-            raise ValidationError(f"rank {rank}: incomplete header from rank {src}")
-        if device is not None:
-            target = torch.device(device)
-        elif rank == src and isinstance(batch, Batch):
-            target = batch.device
-        elif header.device_type == "cuda":
-            target = torch.device("cuda", torch.cuda.current_device())
-        else:
-            target = torch.device(header.device_type)
-        if rank != src or dest is None:
-            fields = {
-                name: torch.empty((0, *shape), dtype=dtype, device=target)
-                for name, dtype, shape in header.atom_specs
-            }
-            dest = torch.empty(0, dtype=torch.int64, device=target)
-        rows = {k: v.to(target) for k, v in reshard(fields, dest, group).items()}
-        systems = {k: v.to(target) for k, v in header.systems.items()}
+            sent = None if dest is None else (fields, dest)
+        header = checked_header(broadcast_object(header, src, group), _Header, rank, src)
+        local = local_rows(header, sent, batch, device, group)
         new = cls.__new__(cls)
-        new._setup(
-            build_local(rows, systems, header.system_extras),
-            IndexPartitioner(header.n_atoms, world),
-            group,
-            dmesh,
-        )
+        new._setup(local, IndexPartitioner(header.n_atoms, world), group, dmesh)
         return new
 
     # ------------------------------------------------------------------ basics

@@ -4,16 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from nvdd.core import Batch, ConfigurationError, NvddError, ValidationError
+from nvdd.partition._comm import reshard
 from nvdd.partition._spatial import SpatialPartitioner
 from nvdd.partition._state import _State
 
-__all__ = ["ERRORS", "Header", "PartitionerSource", "build_local", "src_header"]
+__all__ = [
+    "ERRORS",
+    "Header",
+    "PartitionerSource",
+    "build_local",
+    "checked_header",
+    "local_rows",
+    "src_header",
+]
 
 PartitionerSource = SpatialPartitioner | Callable[[Batch], SpatialPartitioner]
+_H = TypeVar("_H")
 ERRORS: dict[str, type[NvddError]] = {
     "ConfigurationError": ConfigurationError,
     "ValidationError": ValidationError,
@@ -106,3 +117,55 @@ def build_local(
         validate=False,
         **core,
     )
+
+
+def checked_header(header: object, kind: type[_H], rank: int, src: int) -> _H:
+    """The header ``src`` broadcast, checked on every rank: ``src``'s error is
+    raised here as its own type (every rank raises together); a header that is
+    not one, or has no system fields, is refused."""
+    if not isinstance(header, kind):  # pragma: no cover - defensive
+        raise ValidationError(f"rank {rank}: no header arrived from rank {src}")
+    h: Any = header
+    if h.error is not None:
+        name, message = h.error
+        raise ERRORS[name](message)
+    if h.systems is None:  # pragma: no cover - defensive
+        raise ValidationError(f"rank {rank}: incomplete header from rank {src}")
+    return header
+
+
+def local_rows(
+    header: Any,
+    sent: tuple[dict[str, torch.Tensor], torch.Tensor] | None,
+    batch: Batch | None,
+    device: torch.device | str | None,
+    group: Any,
+) -> Batch:
+    """This rank's local batch after a scatter from ``src``.
+
+    ``sent``: on ``src``, its rows and their destination ranks; None on every
+    other rank (it sends nothing). The batches land on ``device``; default:
+    ``src``'s batch's device on ``src``, elsewhere ``src``'s device type (a CUDA
+    batch lands on this rank's current CUDA device).
+
+    **Collective** over ``group``: one packed ``reshard_by_destination``.
+    """
+    if device is not None:
+        target = torch.device(device)
+    elif sent is not None and isinstance(batch, Batch):
+        target = batch.device
+    elif header.device_type == "cuda":
+        target = torch.device("cuda", torch.cuda.current_device())
+    else:
+        target = torch.device(header.device_type)
+    if sent is None:
+        sent = (
+            {
+                name: torch.empty((0, *shape), dtype=dtype, device=target)
+                for name, dtype, shape in header.atom_specs
+            },
+            torch.empty(0, dtype=torch.int64, device=target),
+        )
+    rows = {k: v.to(target) for k, v in reshard(*sent, group).items()}
+    systems = {k: v.to(target) for k, v in header.systems.items()}
+    return build_local(rows, systems, header.system_extras)

@@ -27,7 +27,14 @@ from nvdd.partition._comm import (
 from nvdd.partition._degenerate import empty_rank_reasons, enforce
 from nvdd.partition._gather import gather_to, gather_to_all
 from nvdd.partition._owned import OwnedRows
-from nvdd.partition._scatter import ERRORS, Header, PartitionerSource, build_local, src_header
+from nvdd.partition._scatter import (
+    ERRORS,
+    Header,
+    PartitionerSource,
+    checked_header,
+    local_rows,
+    src_header,
+)
 from nvdd.partition._spatial import SpatialPartitioner
 
 if TYPE_CHECKING:
@@ -195,43 +202,20 @@ class ShardedBatch(OwnedRows):
         if not 0 <= src < world:
             raise ConfigurationError(f"rank {rank}: src {src} is outside [0, {world})")
         part: SpatialPartitioner | None = None
-        fields: dict[str, torch.Tensor] = {}
-        destination: torch.Tensor | None = None
         header: Header | None = None
+        sent = None
         if rank == src:
             header, part, fields, destination = src_header(batch, partitioner, world, wrap, src)
-        header = broadcast_object(header, src, group)
-        if not isinstance(header, Header):  # pragma: no cover - defensive
-            raise ValidationError(f"rank {rank}: no header arrived from rank {src}")
-        if header.error is not None:
-            kind, message = header.error
-            raise ERRORS[kind](message)
-        if header.state is None or header.systems is None:  # pragma: no cover - defensive
+            sent = None if destination is None else (fields, destination)
+        header = checked_header(broadcast_object(header, src, group), Header, rank, src)
+        if header.state is None:  # pragma: no cover - defensive: set with the systems
             raise ValidationError(f"rank {rank}: incomplete header from rank {src}")
-        if device is not None:
-            target = torch.device(device)
-        elif rank == src and isinstance(batch, Batch):
-            target = batch.device
-        elif header.device_type == "cuda":
-            target = torch.device("cuda", torch.cuda.current_device())
-        else:
-            target = torch.device(header.device_type)
-        if rank != src or part is None:
+        if part is None:
             part = SpatialPartitioner._from_state(header.state)
-            fields = {
-                name: torch.empty((0, *shape), dtype=dtype, device=target)
-                for name, dtype, shape in header.atom_specs
-            }
-            destination = torch.empty(0, dtype=torch.int64, device=target)
-        if destination is None:  # pragma: no cover - set on every branch above
-            raise ValidationError(f"rank {rank}: no destinations computed")
-        rows = reshard(fields, destination, group)
-        rows = {k: v.to(target) for k, v in rows.items()}
-        systems = {k: v.to(target) for k, v in header.systems.items()}
-        local = build_local(rows, systems, header.system_extras)
+        local = local_rows(header, sent, batch, device, group)
         new = cls.__new__(cls)
         new._setup(local, part, group, dmesh, header.counts)
-        reasons = part.degeneracies(list(header.counts), cell=systems["cell"])
+        reasons = part.degeneracies(list(header.counts), cell=local.cell)
         enforce(reasons, part.require_nondegenerate)
         return new
 
