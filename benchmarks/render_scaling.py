@@ -462,15 +462,21 @@ def halo_rebuilds(doc: dict[str, Any]) -> str:
     ]
     if gpu:
         rebuilt = [r for r in rows if r["rebuild_ms"] is not None and r["steady_ms"]]
-        worst = max(rebuilt or rows, key=lambda r: r["rebuild_share"])
-        ratio = worst["rebuild_ms"] / worst["steady_ms"] if rebuilt else 1.0
+        if rebuilt:
+            worst = max(rebuilt, key=lambda r: r["rebuild_share"])
+            cost = [
+                f"a rebuild step costs up to {num(worst['rebuild_ms'] / worst['steady_ms'], 1)}x"
+                " a steady one, and the rebuild steps",
+                f"add up to {num(100 * worst['rebuild_share'], 0)} % to the steps' time: a cost the",
+            ]
+        else:  # (no rebuild fell due in the timed steps: nothing to say about its cost)
+            cost = ["no halo rebuild fell due in the timed steps; a rebuild is a cost the"]
         out += [
             "The predictions above time each rank's steady step. The runtime also rebuilds",
             "its halo (migration, a new plan, the model's list on the new rows, the step",
             "captured again) whenever some atom moved more than half the halo's skin. On one",
             "rank with the halo forced, each step timed alone (synchronised) and sorted:",
-            f"a rebuild step costs up to {num(ratio, 1)}x a steady one, and the rebuild steps",
-            f"add up to {num(100 * worst['rebuild_share'], 0)} % to the steps' time: a cost the",
+            *cost,
             "emulation leaves out (the `calibrated` column charges the runtime's whole difference",
             "to every rank). Halo forced ms: the steps timed together (the rebuilds that fell due",
             "included); steady and rebuild step ms: the steps timed alone. What would cut it:",

@@ -343,5 +343,12 @@ def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path)
     # the GPU's sentence on a thicker halo says which way a steady step moved
     assert render_scaling._change(0.98, 1.0) == "2.0 % faster"
     assert render_scaling._change(1.037, 1.0) == "3.7 % slower"
+    # a GPU run in which no halo rebuild fell due: said so, not "up to 1.0x"
+    gpu_doc = json.loads((ROOT / "benchmarks/results/halo-rebuilds-lj.json").read_text())
+    assert gpu_doc["machine"]["gpus"] > 0
+    for r in gpu_doc["rows"]:
+        r.update(rebuild_steps=0, rebuild_ms=None, rebuild_share=0.0)
+    text = render_scaling.halo_rebuilds(gpu_doc)
+    assert "no halo rebuild fell due in the timed steps" in text and "costs up to" not in text
     page = render.render(render.load_results(tmp_path))
     assert "### The halo's rebuild steps (CPU" in page and "| 500 | fp32 | 2.0 |" in page

@@ -219,7 +219,7 @@ def test_model_options_are_checked_before_ranks_start(
     assert "--uma-checkpoint is a setting of --model uma, not of --model lj" in (
         capsys.readouterr().err
     )
-    for bad in ("0", "-5", "maybe", "1.5"):
+    for bad in ("0", "-5", "maybe", "1.5", "\u00b2"):
         assert main(["run", "--model", "uma", "--uma-checkpoint", bad]) == 2, bad
         assert f"positive number of edges per chunk, got {bad!r}" in capsys.readouterr().err
     uma = ["run", "--model", "uma", "--uma-checkpoint"]

@@ -42,7 +42,7 @@ def uma_checkpointing(value: str) -> bool | int:
         return True
     if word == "off":
         return False
-    if word.isdigit() and int(word) > 0:
+    if word.isdecimal() and int(word) > 0:  # (isdigit takes "²", which int refuses)
         return int(word)
     raise ValueError(
         f"--uma-checkpoint is on, off or a positive number of edges per chunk, got {value!r}"
