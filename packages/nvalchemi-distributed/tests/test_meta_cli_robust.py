@@ -342,6 +342,40 @@ def test_runs_on_four_ranks_end_cleanly_with_every_output(tmp_path: Path) -> Non
         assert sorted(p.name for p in out.iterdir()) == sorted(listed)
 
 
+#: A process whose daemon thread is inside a tensor operation when it ends; its
+#: last output is buffered (a pipe) and an exit handler prints one more line.
+_BUSY_DAEMON = """
+import atexit, sys, threading, time
+import torch
+from nvalchemi.distributed._stop import end_finished_rank
+torch.set_num_threads(1)
+a = torch.randn(300, 300)
+def spin():
+    while True:
+        a @ a
+threading.Thread(target=spin, daemon=True).start()
+time.sleep(0.2)
+atexit.register(lambda: print("exit handler ran"))
+sys.stdout.write("done, not flushed")
+end_finished_rank(3)
+"""
+
+
+def test_a_finished_rank_ends_after_its_exit_handlers_and_a_busy_thread_cannot_abort_it() -> None:
+    """``end_finished_rank`` (how every finished rank of ``nvdd run`` ends, record
+    0091): the exit handlers run, buffered output is written, the status is kept,
+    and a daemon thread caught inside a tensor operation does not abort the
+    process (at a normal interpreter exit it does: SIGABRT, 'terminate called
+    without an active exception', 5 times of 5 on the development machine)."""
+    for _ in range(3):
+        res = subprocess.run(
+            [sys.executable, "-c", _BUSY_DAEMON], capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 3, res.stderr[-2000:]
+        assert res.stdout == "done, not flushedexit handler ran\n"
+        assert "terminate called" not in res.stderr
+
+
 @pytest.mark.gloo
 def test_rows_and_frames_fall_on_whole_run_steps_and_no_file_is_empty(tmp_path: Path) -> None:
     """Phases of 3 + 4 steps, thermo every 2, frames every 5: rows at steps 0, 2,

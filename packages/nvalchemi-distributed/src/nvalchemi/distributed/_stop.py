@@ -16,6 +16,11 @@ Three processes deep: the ``nvdd`` launcher, torchrun (run through this module,
   status ``128 + signal``. Any other SIGTERM (the launcher ending the job after
   a rank failed) keeps ``nvdd.core``'s behaviour: a note naming the failed
   rank, status 143.
+- **A finished rank ends at once.** Once its job is done, its process group
+  destroyed and its outputs closed, a rank runs its exit handlers, flushes its
+  streams and ends with ``os._exit``: the interpreter's finalisation, during
+  which a daemon thread caught inside a native call aborts the process, is
+  skipped (record 0091).
 - **Quiet torchrun.** torchrun's own stop messages (its warnings and the
   traceback of its ``SignalException``) are left out; it exits ``128 + signal``.
   A signal torchrun gets (the launcher's death included) is noted as a stop,
@@ -24,6 +29,7 @@ Three processes deep: the ``nvdd`` launcher, torchrun (run through this module,
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -33,13 +39,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "PARENT_ENV",
     "STOP_NOTE_ENV",
     "JobStopped",
     "die_with_parent",
+    "end_finished_rank",
     "install_stop_handlers",
     "stop_signal",
     "torchrun_main",
@@ -135,6 +142,31 @@ def install_stop_handlers() -> None:
     """
     for s in (signal.SIGTERM, signal.SIGINT):
         _state.previous[s] = signal.signal(s, _on_stop)
+
+
+def end_finished_rank(status: int) -> NoReturn:
+    """End this process now with ``status``: exit handlers first, streams flushed. Local.
+
+    For a rank of ``nvdd run`` whose job is done: its process group destroyed
+    (:func:`nvdd.core.shutdown_distributed`) and its outputs closed. The
+    ``atexit`` handlers run as at a normal exit (a second teardown is a no-op),
+    ``sys.stdout`` and ``sys.stderr`` are flushed, and the process ends with
+    ``os._exit``, skipping the interpreter's finalisation and native static
+    destructors. That is where a finished rank could still abort ("terminate
+    called without an active exception", SIGABRT): a daemon thread inside a
+    native call that releases the GIL (a store write, a tensor operation) is
+    ended by the finalising interpreter when it takes the GIL back, from a
+    C++ frame that may not unwind, and torchrun then counts a failed worker
+    for a job that finished (record 0091). Non-daemon threads are not waited
+    for; a rank of ``nvdd run`` starts none.
+    """
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
 
 
 class _QuietStop(logging.Filter):
