@@ -376,6 +376,38 @@ def test_a_finished_rank_ends_after_its_exit_handlers_and_a_busy_thread_cannot_a
         assert "terminate called" not in res.stderr
 
 
+_CONSOLE = """
+import atexit
+from nvalchemi.distributed import cli
+cli.main = lambda: 5
+atexit.register(lambda: print("exit handler ran"))
+try:
+    cli.console()
+except SystemExit as exc:
+    print("raised", exc.code)
+    raise
+"""
+
+
+def test_the_command_ends_a_rank_through_end_finished_rank_and_raises_elsewhere() -> None:
+    """``cli.console`` (the ``nvdd`` script, ``python -m nvalchemi.distributed.cli``):
+    as a rank of a job (``RANK`` and ``WORLD_SIZE`` set) the process ends with the
+    status of ``main`` and its exit handlers run, nothing is raised; otherwise it
+    raises ``SystemExit`` with that status, as any command does."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    for rank_env, out in (({"RANK": "0", "WORLD_SIZE": "1"}, ""), ({}, "raised 5\n")):
+        res = subprocess.run(
+            [sys.executable, "-c", _CONSOLE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, **rank_env},
+        )
+        assert res.returncode == 5, res.stderr[-2000:]
+        assert res.stdout == out + "exit handler ran\n", rank_env
+
+
 @pytest.mark.gloo
 def test_rows_and_frames_fall_on_whole_run_steps_and_no_file_is_empty(tmp_path: Path) -> None:
     """Phases of 3 + 4 steps, thermo every 2, frames every 5: rows at steps 0, 2,

@@ -44,7 +44,6 @@ from nvalchemi.distributed._outputs import (
 from nvalchemi.distributed._stop import (
     PARENT_ENV,
     die_with_parent,
-    end_finished_rank,
     install_stop_handlers,
     stop_signal,
 )
@@ -428,9 +427,7 @@ def _compare(args: argparse.Namespace, final: Batch, model: Any, start: Batch | 
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    """One rank of ``nvdd run``. A rank that finished ends its process here
-    (:func:`~nvalchemi.distributed._stop.end_finished_rank`, after the group is
-    destroyed on every rank); a stopped one returns its exit status.
+    """One rank of ``nvdd run``; returns the process exit status.
 
     A user's stop (SIGTERM to ``nvdd``, Ctrl-C) ends every rank without a
     traceback: rank 0 writes the plot of the rows so far and prints one line;
@@ -457,10 +454,9 @@ def run_rank(args: argparse.Namespace) -> int:
     finally:
         run.close()
     # every rank is done (rank 0 last, after its comparison): the group is destroyed
-    # on all ranks together, before any of them ends (record 0090); then the rank
-    # ends without the interpreter's finalisation (record 0091)
+    # on all ranks together, before any of them ends (record 0090)
     shutdown_distributed(barrier=True)
-    return end_finished_rank(status)  # (does not return)
+    return status
 
 
 def _stopped(run: _Run, signum: int) -> None:

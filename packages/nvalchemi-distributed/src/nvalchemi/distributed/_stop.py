@@ -17,7 +17,8 @@ Three processes deep: the ``nvdd`` launcher, torchrun (run through this module,
   a rank failed) keeps ``nvdd.core``'s behaviour: a note naming the failed
   rank, status 143.
 - **A finished rank ends at once.** Once its job is done, its process group
-  destroyed and its outputs closed, a rank runs its exit handlers, flushes its
+  destroyed and its outputs closed, a rank of the ``nvdd`` command
+  (``cli.console``) runs its exit handlers, flushes its
   streams and ends with ``os._exit``: the interpreter's finalisation, during
   which a daemon thread caught inside a native call aborts the process, is
   skipped (record 0091).

@@ -27,11 +27,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from nvalchemi.distributed.__about__ import __version__
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "console", "main"]
 
 #: Seconds torchrun gets to stop its workers after a forwarded signal.
 STOP_GRACE_S = 40.0
@@ -235,7 +235,11 @@ def _under_launcher() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``nvdd`` console script."""
+    """The ``nvdd`` command; returns its exit status.
+
+    A script that is itself one rank of an outside launcher's job may call it and
+    go on; the command line (:func:`console`) exits with the status.
+    """
     if argv is None and _ARGS_ENV in os.environ and _under_launcher():
         # Started by our own launch below: the arguments travel in the environment,
         # so torch.distributed.run's parser never sees (and mistakes) them.
@@ -397,5 +401,24 @@ def _kill_all(procs: list[tuple[int, int]]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def console() -> NoReturn:
+    """The ``nvdd`` console script and ``python -m nvalchemi.distributed.cli``:
+    :func:`main`, then exit with its status.
+
+    A rank of a job (started by a launcher: ``RANK`` and ``WORLD_SIZE`` set)
+    that returns ends through
+    :func:`~nvalchemi.distributed._stop.end_finished_rank`: exit handlers,
+    flushed streams, then ``os._exit``, without the interpreter's finalisation,
+    where a daemon thread caught inside a native call would abort a rank whose
+    job finished (record 0091). A rank that raises exits as usual.
+    """
+    status = main()
+    if _under_launcher():
+        from nvalchemi.distributed._stop import end_finished_rank
+
+        end_finished_rank(status)
+    raise SystemExit(status)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()
