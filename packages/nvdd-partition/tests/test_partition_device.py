@@ -42,6 +42,23 @@ def test_metadata_functions_take_a_cell_on_the_atoms_device(kind: str) -> None:
     assert torch.equal(wrapped.cpu(), part.wrap_positions(batch.positions, batch.system_index))
 
 
+def test_scattered_rows_land_on_each_ranks_current_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``from_batch`` puts a rank's rows (``landing_device``): the device
+    asked for; on ``src`` the device of the batch it sent; elsewhere ``src``'s
+    device type, and for CUDA this rank's current GPU (not GPU 0: each rank of a
+    node has its own), the branch a CPU scatter never takes."""
+    from nvdd.partition._scatter import landing_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert landing_device(None, None, "cuda") == torch.device("cuda", 3)
+    assert landing_device("cpu", None, "cuda") == torch.device("cpu")
+    assert landing_device(torch.device("cuda", 1), None, "cuda") == torch.device("cuda", 1)
+    batch = make_batch(8)
+    assert landing_device(None, batch, "cuda") == batch.device == torch.device("cpu")
+    assert landing_device(None, None, "meta") == torch.device("meta")
+    assert landing_device(None, None, "cpu") == torch.device("cpu")
+
+
 def test_domain_copies_on_a_device_are_reused_and_never_pickled() -> None:
     """``domain_cell`` copies the domain and pbc to a cell's device once (a copy
     from the host each step makes a GPU wait); a pickled partitioner (sent to

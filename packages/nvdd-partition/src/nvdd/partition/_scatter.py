@@ -19,6 +19,7 @@ __all__ = [
     "PartitionerSource",
     "build_local",
     "checked_header",
+    "landing_device",
     "local_rows",
     "src_header",
 ]
@@ -134,6 +135,22 @@ def checked_header(header: object, kind: type[_H], rank: int, src: int) -> _H:
     return header
 
 
+def landing_device(
+    device: torch.device | str | None, sent_batch: Batch | None, device_type: str
+) -> torch.device:
+    """Where a rank's scattered rows land: ``device`` when given; on ``src`` (which
+    passes the batch it sent) that batch's device; elsewhere a device of ``src``'s
+    type ``device_type``, the current one for CUDA (each rank has its own GPU). Local.
+    """
+    if device is not None:
+        return torch.device(device)
+    if isinstance(sent_batch, Batch):
+        return sent_batch.device
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
 def local_rows(
     header: Any,
     sent: tuple[dict[str, torch.Tensor], torch.Tensor] | None,
@@ -150,14 +167,7 @@ def local_rows(
 
     **Collective** over ``group``: one packed ``reshard_by_destination``.
     """
-    if device is not None:
-        target = torch.device(device)
-    elif sent is not None and isinstance(batch, Batch):
-        target = batch.device
-    elif header.device_type == "cuda":
-        target = torch.device("cuda", torch.cuda.current_device())
-    else:
-        target = torch.device(header.device_type)
+    target = landing_device(device, batch if sent is not None else None, header.device_type)
     if sent is None:
         sent = (
             {
