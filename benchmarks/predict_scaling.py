@@ -17,10 +17,21 @@ rank's steady step is run on this one device in turn, on that rank's real rows:
   (CUDA graphs as in the raw run), its ghost rows held at rest (on a rank they
   move with their owners; see :func:`hold_ghosts`);
 - the pack (gather of the ghost sources), the exchange replaced by a device copy of
-  the same bytes, the unpack, the force fold (index-add into the owners) and the
+  the same bytes, the unpack, the force fold (into the owners) and the
   per-step skin check with its host read.
 
-The predicted P-GPU step is the slowest rank plus a communication term:
+Each rank's step is timed twice. ``step_ms``, the prediction's term: the whole
+steady step as the runtime runs it (:class:`_RankStep`): the decision (skin test
+and non-finite flag) in the captured head, its host read, then the exchange,
+the padded rows, the model, and the fold by the runtime's kernel in the
+captured tail; eager where the runtime's step is eager. And each phase alone
+(``model_ms``: the integrator and model without the halo; ``exchange_ms``,
+``fold_ms``, ``check_ms``: torch operations launched eagerly, one phase at a
+time; ``total_ms`` their sum), which says where the step goes. The sum
+overstates a captured step (eager launches, a drained queue per phase); it
+was the prediction's term before ``step_ms`` (``predicted_by_phases_ms`` keeps it).
+
+The predicted P-GPU step is the slowest rank (``step_ms``) plus a communication term:
 ``2 x (latency + bytes / bandwidth)`` for the forward (positions) and reverse
 (forces) exchanges of the rank that sends most, plus one small all-reduce. The
 default figures are stated assumptions for one NVLink node of H100/H200 SXM
@@ -97,8 +108,10 @@ GRIDS = ("2x1x1", "2x2x1", "2x2x2", "4x2x1")
 #: ``split``, image rows only across axes the grid splits, the whole axes left
 #: periodic to the model's neighbour list (``DomainConfig(wrap_whole_axes=True)``).
 LAYOUTS = ("faces", "split")
-#: Phases of a rank's step, in ms.
+#: Phases of a rank's step, in ms, each timed alone (``total_ms``: their sum), and
+#: ``step_ms``: the whole step as the runtime runs it (the prediction's term).
 PHASES = ("model_ms", "exchange_ms", "fold_ms", "check_ms", "total_ms")
+STEP = "step_ms"
 SHIFTS = [(a, b, c) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)]
 
 
@@ -284,6 +297,120 @@ class _Owned:
         return self.inner(batch, n_receivers=self.n_owned)
 
 
+class _RankStep:
+    """One rank's steady step as the runtime runs it, around ``inner`` (an
+    :class:`_Owned` or :class:`_Scoped` model), for ``time_rank``'s ``step_ms``.
+
+    Every call makes the runtime's per-step halo work with the runtime's
+    kernels: the skin test of the owned rows against their positions at the
+    start (float64 displacements, as ``DistributedModel._verdict_code``) joined
+    with the non-finite flag into the step's decision code
+    (``nvdd.dynamics._step.decision_code``) and read on the host; the ghost
+    rows gathered from their sources, moved over the "wire" (a device copy),
+    shifted by their image (``image @ cell`` each step) and concatenated after
+    the owned rows (the padded positions the model runs on); after the model,
+    the ghost forces over the wire and folded into their owners by
+    ``nvdd.halo``'s deterministic fold kernel over the route's sorted rows,
+    then added to the owned rows (``index_add_`` where the runtime folds
+    with it: off :data:`nvdd.halo._plan.FOLD_WITH_WARP`). With CUDA graphs (``captured``) the step is
+    split as the runtime splits it: the decision is queued in the head
+    (:meth:`begin_step`), read between the two graphs (:meth:`take_verdict`),
+    and the exchange, model and fold replay in the tail. An eager step (no
+    capture: the warm-up, a device that cannot capture, the MPNN and MACE)
+    makes the decision at the start of the call.
+
+    The emulation times steady steps: the verdict is read and then ignored (a
+    rebuild is not emulated; ``benchmarks/halo_rebuilds.py`` measures one).
+    The folded forces are discarded: on a rank they would belong to the
+    neighbour's atoms, so the integrated dynamics stay those of ``inner``.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        n_owned: int,
+        source: torch.Tensor,
+        src: torch.Tensor,
+        shift: torch.Tensor,
+        *,
+        captured: bool,
+    ) -> None:
+        self.inner = inner
+        self.n_owned = n_owned
+        self.captured = captured
+        self.source = source  # the whole system at rest: the ghosts' owners
+        self.src = src
+        self.image = shift.to(source.dtype)
+        n_g = src.numel()
+        self.wire = torch.empty(n_g, 3, dtype=source.dtype, device=source.device)
+        self.wire_back = torch.empty_like(self.wire)
+        # the route's fold rows: each ghost's owner (compact), sorted, and its position
+        _, owner = torch.unique(src, return_inverse=True)
+        self.owner = owner
+        perm = torch.argsort(owner, stable=True)
+        self.fold_rows, self.fold_src = owner[perm].contiguous(), perm.contiguous()
+        self.n_targets = max(n_owned, int(owner.max()) + 1 if n_g else 0)
+        self.ref: torch.Tensor | None = None
+        self.code: torch.Tensor | None = None
+        self.folded: torch.Tensor | None = None
+        self.reads = 0  # host reads of the decision (one per step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
+
+    @property
+    def splits_step(self) -> bool:
+        """Captured steps are cut at the decision, as the halo's are."""
+        return self.captured
+
+    def _decide(self, batch: Any) -> torch.Tensor:
+        from nvdd.dynamics._step import decision_code
+
+        pos = batch.positions.detach()[: self.n_owned]
+        if self.ref is None:
+            self.ref = pos.to(torch.float64).clone()
+        u = pos.to(torch.float64) - self.ref
+        moved = ((u * u).sum(dim=1) > (0.5 * SKIN) ** 2).any().to(torch.int32)
+        return decision_code(moved, None, batch, None, on=None)
+
+    def begin_step(self, batch: Any) -> None:
+        """The head's decision, queued on the device (captured)."""
+        self.code = self._decide(batch)
+
+    def take_verdict(self, batch: Any) -> bool:
+        """The host read of the decision; steady whatever it says (see the class notes)."""
+        assert self.code is not None
+        int(self.code.item())
+        self.reads += 1
+        return True
+
+    def __call__(self, batch: Any) -> Any:
+        from nvdd.core import capturing
+        from nvdd.halo import _plan
+        from nvdd.halo._kernels import fold_rows
+
+        if not capturing():  # an eager step decides first (a captured one did in its head)
+            int(self._decide(batch).item())
+            self.reads += 1
+        n = self.n_owned
+        self.wire.copy_(self.source.index_select(0, self.src))  # pack, the wire
+        ghosts = self.wire + self.image @ batch.cell[0]  # unpack: the image shift
+        padded = torch.cat([batch.positions.detach()[:n], ghosts])
+        out = self.inner(batch.replace(positions=padded))
+        forces = out["forces"]
+        self.wire_back.copy_(forces[n:].detach())  # the ghost forces back over the wire
+        folded = torch.zeros(self.n_targets, 3, dtype=forces.dtype, device=forces.device)
+        if not self.fold_rows.numel():
+            pass
+        elif forces.device.type in _plan.FOLD_WITH_WARP:  # the runtime's fold (Route)
+            fold_rows(self.wire_back, self.fold_rows, self.fold_src, folded)
+        else:
+            folded.index_add_(0, self.owner, self.wire_back)
+        _ = forces[:n].detach() + folded[:n]  # the owners' sums (discarded: class notes)
+        self.folded = folded  # (the last call's fold, for tests)
+        return out
+
+
 def hold_ghosts(local: Any, n_owned: int) -> Any:
     """``local`` with its ghost rows held at rest (zero velocity, a mass of 1e30).
 
@@ -441,11 +568,34 @@ def time_rank(
     def check() -> None:  # the skin test of the owned rows, read on the host
         bool(((pos[:n_o] - ref).norm(dim=1).max() > half_skin).item())
 
-    return {
-        "model_ms": model_ms,
+    alone = {
         "exchange_ms": _timed(exchange, steps, warmup, device),
         "fold_ms": _timed(fold, steps, warmup, device),
         "check_ms": _timed(check, steps, warmup, device),
+    }
+    dyn = pos = forces = acc = None  # (freed before the whole step runs)
+    # the whole steady step as the runtime runs it: the phases in one step,
+    # captured as the runtime captures them (see _RankStep)
+    captured = graphs and not scoped
+    rank = _RankStep(model, n_o, source, src, shift, captured=captured)
+    if scoped:
+        model.registry.install()
+    try:
+        stepper = VelocityVerlet(
+            rank,
+            hold_ghosts(local_system(batch, owned, src, shift, pbc), n_o),
+            dt_fs=dt_fs,
+            cuda_graphs=captured,
+        )
+        step_ms = _timed(lambda: stepper.run(1), steps, warmup, device)
+    finally:
+        if scoped:
+            model.registry.restore()
+    return {
+        "model_ms": model_ms,
+        **alone,
+        "step_ms": step_ms,
+        "decision_reads": rank.reads,
         **adapters,
         "peak_bytes": peak,
     }
@@ -539,7 +689,7 @@ def predict(
                     pbc=pbc,
                     scoped=mpnn,
                 )
-                t["total_ms"] = sum(v for k, v in t.items() if k.endswith("_ms"))
+                t["total_ms"] = sum(t[k] for k in PHASES[:-1])  # each phase timed alone
                 per_rank.append(
                     {
                         "owned": owned.numel(),
@@ -549,7 +699,7 @@ def predict(
                         **t,
                     }
                 )
-            slow = max(per_rank, key=lambda r: r["total_ms"])
+            slow = max(per_rank, key=lambda r: r[STEP])
             sent = max(r["ghost"] for r in per_rank) * 3 * itemsize
             wire_ms = sent / (bandwidth_gbs * 1e9) * 1e3
             comm_ms = 2 * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
@@ -557,7 +707,9 @@ def predict(
                 features = max(r["ghost"] for r in per_rank) * feat_width * itemsize
                 refreshes = 2 * (n_layers - 1)
                 comm_ms += refreshes * (latency_us * 1e-3 + features / (bandwidth_gbs * 1e9) * 1e3)
-            predicted = slow["total_ms"] + comm_ms
+            predicted = slow[STEP] + comm_ms
+            # the earlier method: the phases timed alone, summed (kept for comparison)
+            by_phases = max(r["total_ms"] for r in per_rank) + comm_ms
             rows.append(
                 {
                     **base,
@@ -570,11 +722,13 @@ def predict(
                     "ghost_min": min(r["ghost"] for r in per_rank),
                     "ghost_max": max(r["ghost"] for r in per_rank),
                     "bytes_per_exchange": sent,
-                    "slowest": {k: slow[k] for k in PHASES},
+                    "slowest": {k: slow[k] for k in (*PHASES, STEP)},
                     "comm_ms": comm_ms,
                     "predicted_ms": predicted,
                     "speedup": raw_ms / predicted,
-                    "overhead": slow["total_ms"] / (raw_ms * slow["owned"] / n),
+                    "overhead": slow[STEP] / (raw_ms * slow["owned"] / n),
+                    "predicted_by_phases_ms": by_phases,
+                    "speedup_by_phases": raw_ms / by_phases,
                     "max_force_err": None if mpnn else max(r["force_err"] for r in per_rank),
                     # the largest force of the displaced system the check compares against
                     "check_force_max": None if mpnn else force_max,

@@ -152,7 +152,7 @@ def compare(predicted: dict[str, Any], measured: list[dict[str, Any]]) -> dict[s
         "measured_speedup": predicted["raw_ms"] / measured_ms,
         "phases": phases,
         "predicted_per_rank": [
-            {"owned": r["owned"], "ghost": r["ghost"], "total_ms": r["total_ms"]}
+            {k: r[k] for k in ("owned", "ghost", "total_ms", "step_ms")}
             for r in predicted["per_rank"]
         ],
         "measured_per_rank": [

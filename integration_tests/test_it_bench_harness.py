@@ -141,7 +141,14 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
         assert row["receivers"] == "owned"  # each rank's list as under the runtime
         assert all(r["pairs"] > 0 for r in row["per_rank"])
         assert row["bytes_per_exchange"] == row["ghost_max"] * 3 * 8
-        assert row["predicted_ms"] > row["slowest"]["total_ms"] > 0
+        # the prediction's term: the slowest rank's whole step, one decision read a step
+        slowest = max(row["per_rank"], key=lambda r: r["step_ms"])
+        assert row["slowest"]["step_ms"] == slowest["step_ms"] > 0
+        assert row["predicted_ms"] == pytest.approx(slowest["step_ms"] + row["comm_ms"])
+        assert row["predicted_by_phases_ms"] == pytest.approx(
+            max(r["total_ms"] for r in row["per_rank"]) + row["comm_ms"]
+        )
+        assert all(r["decision_reads"] == 3 + 1 + 1 for r in row["per_rank"])  # steps, warm-up, t=0
     # rows only across the split axis: fewer ghosts than images on every face
     assert split["ghost_max"] < faces["ghost_max"]
     # GPU peaks per run and the capacity they predict: recorded on CUDA, None on the CPU
@@ -155,6 +162,7 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     assert "## Scaling predicted from one GPU" in page
     assert "holds only the pairs with\nan owned end (none between two ghosts)" in page
     assert "holds x of one GPU |" in page and "Holds = how many atoms" in page
+    assert "| step ms | comm ms | predicted ms | speed-up | by phases |" in page
     if not cuda:  # the column says no peak was recorded
         assert "| 2x1x1 | faces |" in page and "| - |" in page
 
@@ -315,6 +323,63 @@ def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
     moved = (dyn.batch.positions - start).abs().amax(dim=1)
     assert float(moved[:n].max()) > 1e-3
     assert float(moved[n:].max()) < 1e-20
+
+
+@pytest.mark.parametrize("warp_fold", [False, True], ids=["index-add", "warp-fold"])
+def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
+    warp_fold: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``predict_scaling._RankStep`` (a rank's whole step, the prediction's term)
+    reads one decision a step, eager and captured (the split of the runtime,
+    through the CPU emulation of a capture), folds each ghost's force into its
+    owner (``warp-fold``: the runtime's CUDA fold kernel, reached on the CPU),
+    and leaves the dynamics of the model it wraps unchanged: the padded rows it
+    builds are the rows the integrator holds."""
+    import torch
+
+    from benchmarks import predict_scaling as ps
+    from nvdd.core import emulated_capture
+    from nvdd.dynamics import VelocityVerlet
+    from nvdd.halo import _plan
+
+    if warp_fold:
+        monkeypatch.setattr(_plan, "FOLD_WITH_WARP", ("cuda", "cpu"))
+    batch = harness.argon_fcc(4, dtype=torch.float64)
+    width = (ps.CUTOFF + ps.SKIN) / batch.cell[0].diagonal()
+    frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
+    owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), width)
+    n = owned.numel()
+
+    def local() -> Any:
+        return ps.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
+
+    def rank(captured: bool) -> Any:
+        inner = ps._Owned(ps._model("cpu", torch.float64), n)
+        return ps._RankStep(inner, n, batch.positions.clone(), src, shift, captured=captured)
+
+    plain = VelocityVerlet(ps._Owned(ps._model("cpu", torch.float64), n), local(), dt_fs=ps.DT_FS)
+    plain.run(4)
+    eager = rank(captured=False)
+    dyn = VelocityVerlet(eager, local(), dt_fs=ps.DT_FS)
+    dyn.run(4)
+    assert eager.reads == 5  # t = 0 and four steps
+    torch.testing.assert_close(dyn.batch.positions, plain.batch.positions, rtol=0, atol=1e-12)
+    # the fold: each ghost's force (the last call's) summed into its owner
+    ghost_f = dyn.batch.forces[n:]
+    _, owner = torch.unique(src, return_inverse=True)
+    want = torch.zeros(int(owner.max()) + 1, 3, dtype=ghost_f.dtype).index_add_(0, owner, ghost_f)
+    assert float(want.abs().max()) > 1e-3
+    assert eager.folded is not None
+    torch.testing.assert_close(eager.folded[: want.shape[0]], want, rtol=1e-12, atol=1e-12)
+    assert bool((eager.folded[want.shape[0] :] == 0).all())
+    with emulated_capture():
+        split = rank(captured=True)
+        assert split.splits_step
+        graphs = VelocityVerlet(split, local(), dt_fs=ps.DT_FS, cuda_graphs=True)
+        graphs.run(4)
+    assert graphs.graphs.replays > 0  # the steady steps replayed, split at the host read
+    assert split.reads == 5
+    torch.testing.assert_close(graphs.batch.positions, plain.batch.positions, rtol=0, atol=1e-12)
 
 
 def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path) -> None:

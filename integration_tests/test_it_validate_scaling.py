@@ -48,7 +48,9 @@ def test_the_validation_command_predicts_and_measures_one_grid(
     for phase in ("model_ms", "exchange_ms", "fold_ms", "check_ms"):
         both = row["phases"][phase]
         assert both["predicted"] > 0 and both["measured"] > 0, phase
-    assert row["phases"]["model_ms"]["predicted"] <= row["predicted_ms"]
+    # the prediction's term: the slowest predicted rank's whole step, plus the wire
+    step = max(r["step_ms"] for r in predicted)
+    assert row["predicted_ms"] == pytest.approx(step + row["comm_ms"])
 
     printed = capsys.readouterr().out
     assert "predicted ms" in printed and "measured ms" in printed
@@ -87,7 +89,10 @@ def test_the_scaling_predictor_runs_mace_ranks_with_their_adapters(tmp_path: Pat
     # positions, forces, one node_feats refresh (8x0e+8x1o: 32 floats a row) and its fold
     wire = faces["ghost_max"] * (3 + 3 + 32 + 32) * 8 / 300e9 * 1e3
     assert faces["comm_ms"] == pytest.approx(4 * 20e-3 + 15e-3 + wire)
-    assert faces["predicted_ms"] > faces["slowest"]["model_ms"] > 0
+    # the slowest rank's whole step (eager, its decision read once a step) and the wire
+    assert faces["slowest"]["model_ms"] > 0
+    assert faces["predicted_ms"] == pytest.approx(faces["slowest"]["step_ms"] + faces["comm_ms"])
+    assert all(r["decision_reads"] == 3 + 1 + 1 for r in faces["per_rank"])
     # the spec's adapters (owned receivers, the refresh) ran each rank's steps, and
     # were removed after
     assert [r["adapters"] for r in faces["per_rank"]] == [2, 2]
