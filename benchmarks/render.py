@@ -613,6 +613,51 @@ def main_ab(doc: dict[str, Any]) -> str:
     )
 
 
+def main_ab_131k(doc: dict[str, Any]) -> str:
+    """The issue's 131k-atom LJ rows of the same A/B (another lease): B / A per
+    row, and the spread of the rows that rebuild the halo during the timed steps."""
+    rows = doc["rows"]
+    body = [
+        [
+            r["run"],
+            short(r["dtype"]),
+            " / ".join(num(x) for x in r["a_runs_ms"]),
+            " / ".join(num(x) for x in r["b_runs_ms"]),
+            num(r["b_over_a"], 3),
+            " / ".join(num(x) for x in r.get("b_earlier_runs_ms", [])) or "-",
+            "-" if r.get("rebuilds") is None else str(r["rebuilds"]),
+        ]
+        for r in rows
+    ]
+    calm = [r["b_over_a"] for r in rows if not r.get("rebuilds")]
+    busy = [r for r in rows if r.get("rebuilds")]
+    text = (
+        "### The issue's 131k-atom rows\n\n"
+        "The same A/B for the issue's 131,072-atom LJ rows, in another lease (below), two runs a\n"
+        "side alternated. The rows that rebuild nothing in their timed steps (raw, and\n"
+        f"DomainParallel on one rank): B / A from {num(min(calm), 3)} to {num(max(calm), 3)}."
+    )
+    for r in busy:
+        runs = [*r["b_runs_ms"], *r.get("b_earlier_runs_ms", [])]
+        text += (
+            f" {r['run']} {short(r['dtype'])}: B / A {num(r['b_over_a'], 3)}, but each run"
+            f" rebuilds the halo {r['rebuilds']} times (steps of several ms, mostly host work: record [0028](decisions/0028-rebuild-host-traffic.md)) and"
+            f" B's {len(runs)} runs on the same machine spread from {num(min(runs))} to"
+            f" {num(max(runs))} ms (A's two: {' and '.join(num(x) for x in r['a_runs_ms'])})."
+        )
+    if busy:
+        text += " Two runs a side do not settle those rows; they were not repeated."
+    head = ["run", "dtype", "A ms (runs)", "B ms (runs)", "B / A", "B, earlier runs", "rebuilds"]
+    return (
+        text
+        + "\n\n"
+        + table(head, body, [False, False, True, True, True, True, True])
+        + "\n\n"
+        + source(doc)
+        + "\n"
+    )
+
+
 def step_refactor_ab(doc: dict[str, Any]) -> str:
     """The A/B of the step refactor (issue 35): B / A per row, both rounds."""
     rows = [
@@ -702,6 +747,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("sevennet-1gpu-torchsim",), model_vs_torchsim),
     (("step-refactor-ab",), step_refactor_ab),
     (("one-gpu-ab-031bb92",), main_ab),
+    (("one-gpu-ab-031bb92-131k",), main_ab_131k),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
     (("receptive-field-cpu",), receptive_field),
