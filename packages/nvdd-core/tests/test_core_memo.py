@@ -25,3 +25,19 @@ def test_memo_survives_pickling_by_forgetting() -> None:
     memo.remember(t)
     copy = pickle.loads(pickle.dumps(memo))
     assert memo.same(t) and not copy.same(t)
+
+
+def test_a_memo_pickled_under_its_former_module_loads() -> None:
+    """A pickle made before `TensorMemo` moved beside `Batch` names
+    ``nvdd.core._memo.TensorMemo``; it still loads (a checkpoint's model holds
+    memos), as the same class."""
+    from nvdd.core import _batch
+
+    # (protocol 0 names the class as text, so the module can be renamed in place)
+    old = pickle.dumps(TensorMemo(), protocol=0).replace(b"nvdd.core._batch", b"nvdd.core._memo")
+    assert b"nvdd.core._memo" in old
+    memo = pickle.loads(old)
+    assert type(memo) is _batch.TensorMemo is TensorMemo
+    t = torch.zeros(1)
+    memo.remember(t)
+    assert memo.same(t)

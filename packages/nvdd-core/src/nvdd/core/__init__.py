@@ -1,7 +1,7 @@
 """nvdd.core: atomic batches, process groups and errors (layer 0 of nvdd)."""
 
 from nvdd.core.__about__ import __version__
-from nvdd.core._batch import Batch
+from nvdd.core._batch import Batch, TensorMemo
 from nvdd.core._batch_validation import check_cell
 from nvdd.core._capture import (
     CaptureError,
@@ -54,7 +54,6 @@ from nvdd.core._fields import PER_ATOM_FIELDS, PER_SYSTEM_FIELDS
 from nvdd.core._files import AppendLog, atomic_write
 from nvdd.core._lifecycle import cpu_threads_per_rank, install_teardown
 from nvdd.core._masses import ATOMIC_MASSES, masses_for
-from nvdd.core._memo import TensorMemo
 from nvdd.core._outputs import ModelOutputs
 from nvdd.core._quiet import VERBOSE_ENV, init_warp, verbose
 from nvdd.core._spawn import RankFailedError, RankTimeoutError, spawn_ranks

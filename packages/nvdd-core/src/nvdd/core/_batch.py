@@ -1,4 +1,5 @@
-"""`Batch`: one or several atomic systems, with global atom ids.
+"""`Batch`: one or several atomic systems, with global atom ids; `TensorMemo`:
+whether a batch's field is still the tensor seen before.
 
 Conventions (those of ASE): positions in Angstrom, cell rows are the lattice
 vectors (``positions = fractional @ cell``), masses in atomic mass units,
@@ -8,6 +9,7 @@ eV / Angstrom**3.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +23,7 @@ from nvdd.core._masses import masses_for
 if TYPE_CHECKING:
     from ase import Atoms
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "TensorMemo"]
 
 
 def _as_float(
@@ -452,3 +454,41 @@ def _check_compatible(batches: Sequence[Batch], what: str) -> Batch:
                 f"input 0 has {sorted(first.atom_extras)}/{sorted(first.system_extras)}"
             )
     return first
+
+
+class TensorMemo:
+    """Remembers one tensor by identity and version (content unchanged since).
+
+    The fields of a :class:`Batch` are tensors that a caller (or a barostat)
+    may replace or modify in place between two steps. Whatever a consumer
+    derives from a field and keeps (a neighbour list's periodicity, a
+    species table, the cell of the last halo build) is valid while the field
+    is the tensor it saw, unmodified: that is what this answers. A check
+    costs no device work: comparing values would be a host read on an
+    accelerator. The tensor is held weakly.
+    """
+
+    def __init__(self) -> None:
+        self._ref: weakref.ReferenceType[torch.Tensor] | None = None
+        self._version = -1
+
+    def __getstate__(self) -> dict[str, int]:
+        """A pickled memo forgets its tensor (a cache: the copy compares by value)."""
+        return {}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self._ref = None
+        self._version = -1
+
+    def same(self, t: torch.Tensor | None) -> bool:
+        """Whether ``t`` is the remembered tensor, not modified in place since
+        (writes that bypass torch's version counter are not seen)."""
+        return (
+            t is not None and self._ref is not None and self._ref() is t
+            and t._version == self._version
+        )  # fmt: skip
+
+    def remember(self, t: torch.Tensor) -> None:
+        """Remember ``t`` (weakly) at its current version."""
+        self._ref = weakref.ref(t)
+        self._version = t._version
