@@ -46,6 +46,7 @@ from benchmarks.render_table import (
     sizes,
     source,
     table,
+    table_section,
 )
 
 
@@ -603,14 +604,7 @@ def main_ab(doc: dict[str, Any]) -> str:
     if over:
         text += f"; above 1.03: {'; '.join(over)}"
     head = ["model", "run", "atoms", "dtype", "A ms (runs)", "B ms (runs)", "B / A"]
-    return (
-        text
-        + ".\n\n"
-        + table(head, rows, [False, False, True, False, True, True, True])
-        + "\n\n"
-        + source(doc)
-        + "\n"
-    )
+    return table_section(text + ".", head, rows, [False, False, True, False, *[True] * 3], doc)
 
 
 def main_ab_131k(doc: dict[str, Any]) -> str:
@@ -648,14 +642,7 @@ def main_ab_131k(doc: dict[str, Any]) -> str:
     if busy:
         text += " Two runs a side do not settle those rows; they were not repeated."
     head = ["run", "dtype", "A ms (runs)", "B ms (runs)", "B / A", "B, earlier runs", "rebuilds"]
-    return (
-        text
-        + "\n\n"
-        + table(head, body, [False, False, True, True, True, True, True])
-        + "\n\n"
-        + source(doc)
-        + "\n"
-    )
+    return table_section(text, head, body, [False, False, *[True] * 5], doc)
 
 
 def step_refactor_ab(doc: dict[str, Any]) -> str:

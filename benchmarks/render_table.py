@@ -63,6 +63,13 @@ def bar_chart(title: str, labels: Sequence[str], series: dict[str, Sequence[floa
     return "\n".join(out) + (f"\n\n*{legend}*" if len(series) > 1 else "")
 
 
+def table_section(
+    text: str, head: list[str], body: list[list[str]], right: list[bool], doc: dict[str, Any]
+) -> str:
+    """A section: its text, its table, the result file's provenance line."""
+    return f"{text}\n\n{table(head, body, right)}\n\n{source(doc)}\n"
+
+
 def source(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     machine = m.get("kind", "?")
