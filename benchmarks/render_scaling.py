@@ -203,8 +203,11 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
     mpnn = doc["name"].endswith("mpnn")
     grid_rows = [r for r in rows if r.get("grid") is not None]
     whole = bool(grid_rows) and all("step_ms" in r["slowest"] for r in grid_rows)
+    title = ": the reference MPNN" if mpnn else ""
+    if whole and not mpnn and doc["name"] != "scaling-predicted-lj":
+        title = ": each rank's whole step"  # (beside the earlier method's file)
     out = [
-        "## Scaling predicted from one GPU" + (": the reference MPNN" if mpnn else ""),
+        "## Scaling predicted from one GPU" + title,
         "",
         "Each rank's steady step of a P-rank grid runs on one GPU in turn, on its real",
         "owned and ghost rows"
