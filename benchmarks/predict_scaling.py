@@ -310,10 +310,11 @@ class _RankStep:
     shifted by their image (``image @ cell`` each step) and concatenated after
     the owned rows (the padded positions the model runs on); after the model,
     the ghost forces over the wire and folded into their owners by
-    ``nvdd.halo``'s deterministic fold kernel over the route's sorted rows,
-    then added to the owned rows (``index_add_`` where the runtime folds
-    with it: off :data:`nvdd.halo._plan.FOLD_WITH_WARP`). With CUDA graphs (``captured``) the step is
-    split as the runtime splits it: the decision is queued in the head
+    ``nvdd.halo``'s deterministic fold kernel over the route's sorted rows
+    (``index_add_`` where the runtime folds with it: devices not in
+    ``nvdd.halo._plan.FOLD_WITH_WARP``), then added to the owned rows. With
+    CUDA graphs (``captured``) the step is split as the runtime splits it:
+    the decision is queued in the head
     (:meth:`begin_step`), read between the two graphs (:meth:`take_verdict`),
     and the exchange, model and fold replay in the tail. An eager step (no
     capture: the warm-up, a device that cannot capture, the MPNN and MACE)
@@ -367,9 +368,9 @@ class _RankStep:
         from nvdd.dynamics._step import decision_code
 
         pos = batch.positions.detach()[: self.n_owned]
-        if self.ref is None:
-            self.ref = pos.to(torch.float64).clone()
-        u = pos.to(torch.float64) - self.ref
+        if self.ref is None:  # (kept in the working precision, as the runtime keeps it)
+            self.ref = pos.clone()
+        u = pos.to(torch.float64) - self.ref.to(torch.float64)
         moved = ((u * u).sum(dim=1) > (0.5 * SKIN) ** 2).any().to(torch.int32)
         return decision_code(moved, None, batch, None, on=None)
 
