@@ -15,13 +15,13 @@ rank's steady step is run on this one device in turn, on that rank's real rows:
   list holds the pairs with an owned end, none between two ghosts, and ghost
   rows have no list of their own), driven by the velocity-Verlet integrator
   (CUDA graphs as in the raw run), its ghost rows held at rest (on a rank they
-  move with their owners; see :func:`hold_ghosts`);
+  move with their owners; see :func:`~benchmarks.scaling_ranks.hold_ghosts`);
 - the pack (gather of the ghost sources), the exchange replaced by a device copy of
   the same bytes, the unpack, the force fold (into the owners) and the
   per-step skin check with its host read.
 
 Each rank's step is timed twice. ``step_ms``, the prediction's term: the whole
-steady step as the runtime runs it (:class:`_RankStep`): the decision (skin test
+steady step as the runtime runs it (:class:`~benchmarks.scaling_ranks.RankStep`): the decision (skin test
 and non-finite flag) in the captured head, its host read, then the exchange,
 the padded rows, the model, and the fold by the runtime's kernel in the
 captured tail; eager where the runtime's step is eager. And each phase alone
@@ -100,6 +100,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import harness
+from benchmarks.scaling_ranks import Owned, RankStep, Scoped, hold_ghosts
 
 CUTOFF, SKIN, DT_FS = 8.5, 1.0, 4.0
 #: The rank grids of the tables (the runtime's default for a cube splits x, then y, then z).
@@ -241,193 +242,6 @@ def local_system(
     )
 
 
-class _Scoped:
-    """A model called inside a DD context whose ghost rows copy owned rows (a
-    :class:`~nvdd.shardtensor.SelfImageLayout`): the per-layer refreshes of a
-    message-passing model cost what they cost on a rank (a gather of the ghost
-    rows), with stand-in values for ghosts another rank would send."""
-
-    def __init__(
-        self,
-        model: Any,
-        n_owned: int,
-        n_ghost: int,
-        device: str,
-        pbc: Sequence[bool] = (False, False, False),
-    ) -> None:
-        from nvdd.shardtensor import SelfImageLayout
-        from nvdd.spec import AdapterRegistry
-
-        self.inner = model
-        source = torch.arange(n_ghost, device=device) % max(1, n_owned)
-        self.layout = SelfImageLayout(n_owned, source)
-        if any(pbc):  # the split layout: the halo leaves the whole axes to the model
-            self.layout.periodic_axes = torch.tensor([list(pbc)])  # type: ignore[attr-defined]
-        # the spec's adapters (MACE: owned receivers, a refresh per interaction),
-        # installed as the runtime installs them while a distributed model is attached
-        self.registry = AdapterRegistry(model.distribution_spec("halo").adapters())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __call__(self, batch: Any) -> Any:
-        from nvdd.shardtensor import DDContext, dd_scope
-
-        leaf = batch.positions.detach().requires_grad_(True)
-        with dd_scope(DDContext(layout=self.layout, positions=leaf)):
-            return self.inner(batch.replace(positions=leaf))
-
-
-class _Owned:
-    """The LJ model as a rank's runtime calls it: inside a DD context the model
-    takes ``n_receivers`` = the layout's owned rows (``_dd.prepare_rows``), so its
-    neighbour list holds the pairs with an owned end and none between two ghosts,
-    and its ghost rows get ``-dE_local/dx`` to fold. The bound is passed directly,
-    which keeps the steps capturable as in the raw run (the list and kernels are
-    the same as under the context)."""
-
-    def __init__(self, model: Any, n_owned: int) -> None:
-        self.inner = model
-        self.n_owned = n_owned
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def __call__(self, batch: Any) -> Any:
-        return self.inner(batch, n_receivers=self.n_owned)
-
-
-class _RankStep:
-    """One rank's steady step as the runtime runs it, around ``inner`` (an
-    :class:`_Owned` or :class:`_Scoped` model), for ``time_rank``'s ``step_ms``.
-
-    Every call makes the runtime's per-step halo work with the runtime's
-    kernels: the skin test of the owned rows against their positions at the
-    start (float64 displacements, as ``DistributedModel._verdict_code``) joined
-    with the non-finite flag into the step's decision code
-    (``nvdd.dynamics._step.decision_code``) and read on the host; the ghost
-    rows gathered from their sources, moved over the "wire" (a device copy),
-    shifted by their image (``image @ cell`` each step) and concatenated after
-    the owned rows (the padded positions the model runs on); after the model,
-    the ghost forces over the wire and folded into their owners by
-    ``nvdd.halo``'s deterministic fold kernel over the route's sorted rows
-    (``index_add_`` where the runtime folds with it: devices not in
-    ``nvdd.halo._plan.FOLD_WITH_WARP``), then added to the owned rows. With
-    CUDA graphs (``captured``) the step is split as the runtime splits it:
-    the decision is queued in the head
-    (:meth:`begin_step`), read between the two graphs (:meth:`take_verdict`),
-    and the exchange, model and fold replay in the tail. An eager step (no
-    capture: the warm-up, a device that cannot capture, the MPNN and MACE)
-    makes the decision at the start of the call.
-
-    The emulation times steady steps: the verdict is read and then ignored (a
-    rebuild is not emulated; ``benchmarks/halo_rebuilds.py`` measures one).
-    The folded forces are discarded: on a rank they would belong to the
-    neighbour's atoms, so the integrated dynamics stay those of ``inner``.
-    """
-
-    def __init__(
-        self,
-        inner: Any,
-        n_owned: int,
-        source: torch.Tensor,
-        src: torch.Tensor,
-        shift: torch.Tensor,
-        *,
-        captured: bool,
-    ) -> None:
-        self.inner = inner
-        self.n_owned = n_owned
-        self.captured = captured
-        self.source = source  # the whole system at rest: the ghosts' owners
-        self.src = src
-        self.image = shift.to(source.dtype)
-        n_g = src.numel()
-        self.wire = torch.empty(n_g, 3, dtype=source.dtype, device=source.device)
-        self.wire_back = torch.empty_like(self.wire)
-        # the route's fold rows: each ghost's owner (compact), sorted, and its position
-        _, owner = torch.unique(src, return_inverse=True)
-        self.owner = owner
-        perm = torch.argsort(owner, stable=True)
-        self.fold_rows, self.fold_src = owner[perm].contiguous(), perm.contiguous()
-        self.n_targets = max(n_owned, int(owner.max()) + 1 if n_g else 0)
-        self.ref: torch.Tensor | None = None
-        self.code: torch.Tensor | None = None
-        self.folded: torch.Tensor | None = None
-        self.reads = 0  # host reads of the decision (one per step)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["inner"], name)
-
-    @property
-    def splits_step(self) -> bool:
-        """Captured steps are cut at the decision, as the halo's are."""
-        return self.captured
-
-    def _decide(self, batch: Any) -> torch.Tensor:
-        from nvdd.dynamics._step import decision_code
-
-        pos = batch.positions.detach()[: self.n_owned]
-        if self.ref is None:  # (kept in the working precision, as the runtime keeps it)
-            self.ref = pos.clone()
-        u = pos.to(torch.float64) - self.ref.to(torch.float64)
-        moved = ((u * u).sum(dim=1) > (0.5 * SKIN) ** 2).any().to(torch.int32)
-        return decision_code(moved, None, batch, None, on=None)
-
-    def begin_step(self, batch: Any) -> None:
-        """The head's decision, queued on the device (captured)."""
-        self.code = self._decide(batch)
-
-    def take_verdict(self, batch: Any) -> bool:
-        """The host read of the decision; steady whatever it says (see the class notes)."""
-        assert self.code is not None
-        int(self.code.item())
-        self.reads += 1
-        return True
-
-    def __call__(self, batch: Any) -> Any:
-        from nvdd.core import capturing
-        from nvdd.halo import _plan
-        from nvdd.halo._kernels import fold_rows
-
-        if not capturing():  # an eager step decides first (a captured one did in its head)
-            int(self._decide(batch).item())
-            self.reads += 1
-        n = self.n_owned
-        self.wire.copy_(self.source.index_select(0, self.src))  # pack, the wire
-        ghosts = self.wire + self.image @ batch.cell[0]  # unpack: the image shift
-        padded = torch.cat([batch.positions.detach()[:n], ghosts])
-        out = self.inner(batch.replace(positions=padded))
-        forces = out["forces"]
-        self.wire_back.copy_(forces[n:].detach())  # the ghost forces back over the wire
-        folded = torch.zeros(self.n_targets, 3, dtype=forces.dtype, device=forces.device)
-        if not self.fold_rows.numel():
-            pass
-        elif forces.device.type in _plan.FOLD_WITH_WARP:  # the runtime's fold (Route)
-            fold_rows(self.wire_back, self.fold_rows, self.fold_src, folded)
-        else:
-            folded.index_add_(0, self.owner, self.wire_back)
-        _ = forces[:n].detach() + folded[:n]  # the owners' sums (discarded: class notes)
-        self.folded = folded  # (the last call's fold, for tests)
-        return out
-
-
-def hold_ghosts(local: Any, n_owned: int) -> Any:
-    """``local`` with its ghost rows held at rest (zero velocity, a mass of 1e30).
-
-    On a rank the ghosts move with their owners (the exchange sends them every
-    step), so the list rebuilds about as often as the raw run's. Integrated here
-    with the owned-receiver forces (``-dE_local/dx``: half the pair force of
-    their owned neighbours, nothing from beyond) they would drift and rebuild
-    the list more often (CPU, 6,912 argon atoms, 240 steps: 9 builds raw, 13
-    with drifting ghosts, 8 with ghosts held); held, the owned rows decide.
-    """
-    masses, velocities = local.masses.clone(), local.velocities.clone()
-    masses[n_owned:] = 1e30
-    velocities[n_owned:] = 0.0
-    return local.replace(masses=masses, velocities=velocities)
-
-
 def list_pairs(model: Any, local: Any, n_owned: int) -> int:
     """Entries of the owned-receiver neighbour list of the LJ ``model`` on ``local``
     (each pair with an owned end once; a pair of two ghosts is never listed)."""
@@ -517,7 +331,7 @@ def time_rank(
     scoped: bool = False,
 ) -> dict[str, float]:
     """ms per phase of one rank's steady step (the exchanges as device copies;
-    ``scoped``: the model runs inside a DD context, see :class:`_Scoped`, and
+    ``scoped``: the model runs inside a DD context, see :class:`~benchmarks.scaling_ranks.Scoped`, and
     ``adapters`` counts its spec's adapters that were applied), and
     ``peak_bytes``, the GPU peak of the rank's rows and model steps (see the
     module notes; None off CUDA)."""
@@ -531,12 +345,12 @@ def time_rank(
     # the ghosts move only by the exchange, as on a rank (see hold_ghosts)
     local = hold_ghosts(local, n_o)
     if scoped:
-        model = _Scoped(model, n_o, n_g, device, pbc)
+        model = Scoped(model, n_o, n_g, device, pbc)
         model.registry.install()
         adapters = {"adapters": sum(s.applied for s in model.registry.statuses)}
         dt_fs = MACE_DT_FS if type(model.inner).__name__ == "MACEModel" else DT_FS
     else:  # LJ: the owned receivers of a rank's runtime
-        model = _Owned(model, n_o)
+        model = Owned(model, n_o)
     try:
         dyn = VelocityVerlet(model, local, dt_fs=dt_fs, cuda_graphs=graphs and not scoped)
         model_ms = _timed(lambda: dyn.run(1), steps, warmup, device)
@@ -576,9 +390,9 @@ def time_rank(
     }
     dyn = pos = forces = acc = None  # (freed before the whole step runs)
     # the whole steady step as the runtime runs it: the phases in one step,
-    # captured as the runtime captures them (see _RankStep)
+    # captured as the runtime captures them (see RankStep)
     captured = graphs and not scoped
-    rank = _RankStep(model, n_o, source, src, shift, captured=captured)
+    rank = RankStep(model, n_o, source, src, shift, skin=SKIN, captured=captured)
     if scoped:
         model.registry.install()
     try:
@@ -622,7 +436,7 @@ def predict(
     the slowest rank, the communication term and the predicted speed-up.
 
     ``kind="mpnn"``: the reference MPNN, each rank's model inside a DD context
-    (:class:`_Scoped`), its feature refreshes added to the communication term;
+    (:class:`~benchmarks.scaling_ranks.Scoped`), its feature refreshes added to the communication term;
     its owned forces are not checked (ghost features are stand-ins).
     ``kind="mace"``: MACE (:data:`MACE`) on the silica-like box, as the MPNN
     and with its spec's adapters installed; eager steps (no CUDA graphs)."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from benchmarks.render_table import (
@@ -184,11 +185,8 @@ def lj_targets(rows: list[dict[str, Any]]) -> str:
             continue
         got = r[what]
         ok = got >= bound if what == "speedup" else got <= bound
-        label = (
-            f"{int(grid[0]) * int(grid[2]) * int(grid[4])} GPUs"
-            if what == "speedup"
-            else "overhead on 2 ranks"
-        )
+        ranks = math.prod(int(k) for k in grid.split("x"))
+        label = f"{ranks} GPUs" if what == "speedup" else f"overhead on {ranks} ranks"
         sign, unit = (">=", "x") if what == "speedup" else ("<=", "")
         said.append(
             f"{atoms(n)} atoms {dtype}, {label}: {num(got)}{unit} "

@@ -186,6 +186,30 @@ def test_the_scaling_predictor_runs_each_ranks_real_rows(tmp_path: Path) -> None
     assert ps.check_rank(model, full, owned, ps.local_system(batch, owned, src, shift)) > 1e-6
 
 
+def test_issue_36s_targets_are_judged_from_the_rows() -> None:
+    """``render_scaling.lj_targets``: each target that has a row of the default
+    layout is said met or missed from that row; rows of other layouts, sizes or
+    precisions do not count; no row, no sentence."""
+    from benchmarks.render_scaling import lj_targets
+
+    def row(n: int, grid: str, speedup: float, overhead: float, layout: str = "faces") -> Any:
+        return {"atoms": n, "dtype": "float32", "grid": grid, "layout": layout,
+                "speedup": speedup, "overhead": overhead}  # fmt: skip
+
+    rows = [
+        row(4_000_000, "2x1x1", 1.90, 1.20),
+        row(4_000_000, "2x2x2", 6.40, 1.30),
+        row(4_000_000, "2x2x2", 7.00, 1.10, layout="split"),  # not the default layout
+        row(1_000_188, "2x1x1", 1.70, 1.00),
+    ]
+    said = lj_targets(rows)
+    assert "4,000,000 atoms float32, 2 GPUs: 1.90x (target >= 1.85x: met)" in said
+    assert "4,000,000 atoms float32, 8 GPUs: 6.40x (target >= 6.5x: missed)" in said
+    assert "1,000,188 atoms float32, 2 GPUs: 1.70x (target >= 1.7x: met)" in said
+    assert "overhead on 2 ranks: 1.20 (target <= 1.15: missed)" in said
+    assert lj_targets([row(1_000_188, "2x2x1", 3.0, 1.0)]) == ""
+
+
 def test_the_capacity_ratio_is_p_times_bytes_per_atom_over_the_worst_ranks() -> None:
     """``predict_scaling.capacity_ratio`` with fake peaks: P x (raw bytes per atom) /
     the largest rank's bytes per owned atom; None where a peak is missing. The
@@ -246,7 +270,7 @@ def test_forget_lists_drops_the_models_cached_neighbour_lists() -> None:
 def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
     grid: tuple[int, int, int],
 ) -> None:
-    """The LJ model as an emulated rank runs it (``predict_scaling._Owned``: the
+    """The LJ model as an emulated rank runs it (``scaling_ranks.Owned``: the
     runtime's owned receivers) lists only pairs with an owned end, never two
     ghosts, and no ghost row; fewer entries than the every-row list the
     emulation ran before. Folded over the ranks (ghost forces into their owners,
@@ -257,6 +281,7 @@ def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
     import torch
 
     from benchmarks import predict_scaling as ps
+    from benchmarks import scaling_ranks as sr
 
     batch = harness.argon_fcc(4, dtype=torch.float64)  # 256 atoms, box 21 A
     kick = torch.randn(batch.positions.shape, generator=torch.Generator().manual_seed(3))
@@ -273,7 +298,7 @@ def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
         owned, src, shift = ps.rank_rows(frac, grid, coords, width)
         local = ps.local_system(batch, owned, src, shift)
         n = owned.numel()
-        rank = ps._Owned(ps._model("cpu", torch.float64), n)
+        rank = sr.Owned(ps._model("cpu", torch.float64), n)
         out = rank(local)
         matrix = rank.device_neighbors(
             local.positions, local.cell, local.pbc, local.system_index, n_receivers=n
@@ -301,13 +326,14 @@ def test_an_emulated_lj_rank_lists_no_ghost_pair_and_folds_to_the_whole_system(
 
 
 def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
-    """``predict_scaling.hold_ghosts``: steps of an emulated rank move its owned
+    """``scaling_ranks.hold_ghosts``: steps of an emulated rank move its owned
     rows and leave its ghost rows where they are (on a rank they move only with
     the exchange; drifting under -dE_local/dx they would rebuild the list more
     often than the runtime does)."""
     import torch
 
     from benchmarks import predict_scaling as ps
+    from benchmarks import scaling_ranks as sr
     from nvdd.dynamics import VelocityVerlet
 
     batch = harness.argon_fcc(4, dtype=torch.float64)
@@ -315,10 +341,10 @@ def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
     frac = torch.remainder(batch.positions @ torch.linalg.inv(batch.cell[0]), 1.0)
     owned, src, shift = ps.rank_rows(frac, (2, 1, 1), (0, 0, 0), width)
     n = owned.numel()
-    local = ps.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
+    local = sr.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
     assert float(local.velocities[n:].abs().max()) == 0 and bool((local.masses[:n] < 100).all())
     start = local.positions.clone()
-    dyn = VelocityVerlet(ps._Owned(ps._model("cpu", torch.float64), n), local, dt_fs=ps.DT_FS)
+    dyn = VelocityVerlet(sr.Owned(ps._model("cpu", torch.float64), n), local, dt_fs=ps.DT_FS)
     dyn.run(3)
     moved = (dyn.batch.positions - start).abs().amax(dim=1)
     assert float(moved[:n].max()) > 1e-3
@@ -329,7 +355,7 @@ def test_an_emulated_lj_rank_holds_its_ghost_rows_at_rest() -> None:
 def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
     warp_fold: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``predict_scaling._RankStep`` (a rank's whole step, the prediction's term)
+    """``scaling_ranks.RankStep`` (a rank's whole step, the prediction's term)
     reads one decision a step, eager and captured (the split of the runtime,
     through the CPU emulation of a capture), folds each ghost's force into its
     owner (``warp-fold``: the runtime's CUDA fold kernel, reached on the CPU),
@@ -338,6 +364,7 @@ def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
     import torch
 
     from benchmarks import predict_scaling as ps
+    from benchmarks import scaling_ranks as sr
     from nvdd.core import emulated_capture
     from nvdd.dynamics import VelocityVerlet
     from nvdd.halo import _plan
@@ -351,13 +378,15 @@ def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
     n = owned.numel()
 
     def local() -> Any:
-        return ps.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
+        return sr.hold_ghosts(ps.local_system(batch, owned, src, shift), n)
 
     def rank(captured: bool) -> Any:
-        inner = ps._Owned(ps._model("cpu", torch.float64), n)
-        return ps._RankStep(inner, n, batch.positions.clone(), src, shift, captured=captured)
+        inner = sr.Owned(ps._model("cpu", torch.float64), n)
+        return sr.RankStep(
+            inner, n, batch.positions.clone(), src, shift, skin=ps.SKIN, captured=captured
+        )
 
-    plain = VelocityVerlet(ps._Owned(ps._model("cpu", torch.float64), n), local(), dt_fs=ps.DT_FS)
+    plain = VelocityVerlet(sr.Owned(ps._model("cpu", torch.float64), n), local(), dt_fs=ps.DT_FS)
     plain.run(4)
     eager = rank(captured=False)
     dyn = VelocityVerlet(eager, local(), dt_fs=ps.DT_FS)
