@@ -11,6 +11,7 @@ at rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -82,9 +83,9 @@ class RankStep:
 
     Every call makes the runtime's per-step halo work with the runtime's
     kernels: the skin test of the owned rows against their positions at the
-    start (float64 displacements, as ``DistributedModel._verdict_code``) joined
-    with the non-finite flag into the step's decision code
-    (``nvdd.dynamics._step.decision_code``) and read on the host; the ghost
+    start joined with the non-finite flag into the step's decision code
+    (``nvdd.dynamics._step.decision_code``: one kernel over the owned rows, as
+    ``DistributedModel._verdict_code`` runs it) and read on the host; the ghost
     rows gathered from their sources, moved over the "wire" (a device copy),
     shifted by their image (``image @ cell`` each step) and concatenated after
     the owned rows (the padded positions the model runs on); after the model,
@@ -155,12 +156,16 @@ class RankStep:
     def _decide(self, batch: Any) -> torch.Tensor:
         from nvdd.dynamics._step import decision_code
 
-        pos = batch.positions.detach()[: self.n_owned]
+        n = self.n_owned  # the runtime's batch holds the owned rows alone: views of them
+        owned = SimpleNamespace(
+            positions=batch.positions.detach()[:n],
+            velocities=batch.velocities[:n],
+            forces=batch.forces[:n],
+        )
         if self.ref is None:  # (kept in the working precision, as the runtime keeps it)
-            self.ref = pos.clone()
-        u = pos.to(torch.float64) - self.ref.to(torch.float64)
-        moved = ((u * u).sum(dim=1) > (0.5 * self.skin) ** 2).any().to(torch.int32)
-        return decision_code(moved, None, batch, None, on=None)
+            self.ref = owned.positions.clone()
+        limit2 = (0.5 * self.skin) ** 2
+        return decision_code(None, None, owned, None, on=None, reference=self.ref, limit2=limit2)
 
     def begin_step(self, batch: Any) -> None:
         """The head's decision, queued on the device (captured)."""

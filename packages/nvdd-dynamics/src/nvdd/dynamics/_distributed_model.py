@@ -391,9 +391,17 @@ class DistributedModel(ProviderBase):
             d2 = ((pos - ref) ** 2).sum(dim=1).amax() if pos.shape[0] else pos.new_zeros(())
             moved = (d2 > (0.5 * skin) ** 2).to(torch.int32)
         elif self._cell_at_build.same(batch.cell):  # the build's cell, unmodified:
-            # plain displacements (skin_exceeded's same_cell test, without its cell algebra)
-            u = pos.to(torch.float64) - ref.to(torch.float64)
-            moved = ((u * u).sum(dim=1) > (0.5 * skin) ** 2).any().to(torch.int32)
+            # plain displacements (skin_exceeded's same_cell test, without its cell
+            # algebra), tested with the non-finite values in one pass over the rows
+            return decision_code(
+                None,
+                model_flag,
+                batch,
+                sharded.group,
+                self._reduce_on,
+                reference=ref,
+                limit2=(0.5 * skin) ** 2,
+            )
         else:  # strain since the build eats into the skin (nvdd.core.skin_exceeded)
             if self._ref_domain is None or self._ref_domain[0] is not part:  # once per build
                 reach = self.ghost_width - self.config.hysteresis - skin

@@ -523,6 +523,9 @@ def _check_per_atom_needs(
 
 
 # ------------------------------------------------------ non-finite values
+#: The codes of the step's one shared decision, by priority (module notes).
+STEADY, MODEL_GROWS, REBUILD, NONFINITE = 0, 1, 2, 3
+
 #: Positions beyond this many Angstrom from the origin count as a blown-up run:
 #: neighbour searches misbehave there (vesin 0.6 dies with SIGFPE on an open
 #: system with an atom 1e6 A away), so they are reported like NaN, by atom id.
@@ -532,12 +535,84 @@ MAX_COORDINATE = 1.0e6
 def nonfinite_flag(batch: Batch) -> torch.Tensor:
     """int32 0-dim tensor on the atoms' device: 1 if any position, velocity or
     force is not finite (or a position lies beyond :data:`MAX_COORDINATE`),
-    else 0 (no host synchronisation)."""
+    else 0 (no host synchronisation; :func:`local_code`)."""
+    return local_code(batch, bad=1).reshape(())
+
+
+#: Per device: a zero int32 ``(1,)`` (``local_code``'s ``moved`` when none is given).
+_NOT_MOVED: dict[torch.device, torch.Tensor] = {}
+#: The decision kernel's launcher (``nvdd.core.RecordedKernel``), made at first use.
+_DECISION: list[Any] = []
+
+
+def local_code(
+    batch: Batch,
+    *,
+    moved: torch.Tensor | None = None,
+    reference: torch.Tensor | None = None,
+    limit2: float = 0.0,
+    bad: int = NONFINITE,
+) -> torch.Tensor:
+    """This rank's code before any reduction: int32 ``(1,)`` on the atoms'
+    device, no host synchronisation.
+
+    ``bad`` (default :data:`NONFINITE`) when a position, velocity or force is
+    not finite or a position lies beyond :data:`MAX_COORDINATE`; else
+    :data:`REBUILD` when ``moved`` is nonzero or some row moved from
+    ``reference`` (same shape and dtype as the positions) by more than
+    ``sqrt(limit2)`` (differences in float64); else :data:`STEADY`.
+
+    One Warp kernel on CPU and CUDA (each row read once; ``_decision_kernels``);
+    torch operations on any other device, with mixed float types or shapes, or
+    without rows (the same codes).
+    """
     pos = batch.positions.detach()
-    finite = (pos.abs() < MAX_COORDINATE).all()
-    for t in (batch.velocities, batch.forces):
-        finite = finite & torch.isfinite(t).all()
-    return (~finite).to(torch.int32)
+    vel, forces = batch.velocities.detach(), batch.forces.detach()
+    dev, dtype = pos.device, pos.dtype
+    n = int(pos.shape[0])
+    fused = (
+        n > 0
+        and dev.type in ("cpu", "cuda")
+        and dtype in (torch.float32, torch.float64)
+        and all(
+            t.dtype == dtype and t.shape == pos.shape and t.device == dev for t in (vel, forces)
+        )
+        and pos.dim() == 2
+        and pos.shape[1] == 3
+        and (reference is None or (reference.dtype == dtype and reference.shape == pos.shape))
+    )
+    if not fused:
+        finite = (pos.abs() < MAX_COORDINATE).all()
+        for t in (vel, forces):
+            finite = finite & torch.isfinite(t).all()
+        hit = torch.zeros((), dtype=torch.bool, device=dev)
+        if moved is not None:
+            hit = hit | (moved.reshape(()) != 0)
+        if reference is not None and n:
+            u = pos.to(torch.float64) - reference.detach().to(torch.float64)
+            hit = hit | ((u * u).sum(dim=1) > limit2).any()
+        code = torch.where(hit, REBUILD, STEADY)
+        return torch.where(finite, code, bad).to(torch.int32).reshape(1)
+    if not _DECISION:
+        from nvdd.core import RecordedKernel
+        from nvdd.dynamics._decision_kernels import decision_kernel
+
+        kernel = RecordedKernel(decision_kernel, doubles=(5, 6))
+        kernel.declare_overloads()
+        _DECISION.append(kernel)
+    if moved is None:
+        moved = _NOT_MOVED.get(dev)
+        if moved is None:
+            moved = _NOT_MOVED[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+    code = torch.zeros(1, dtype=torch.int32, device=dev)
+    ref = pos if reference is None else reference.detach()
+    _DECISION[0](
+        n,
+        [pos, ref, vel, forces, n if reference is not None else 0, float(limit2),
+         MAX_COORDINATE, moved.reshape(1).to(torch.int32), REBUILD, bad, code],
+        dev, dtype,
+    )  # fmt: skip
+    return code
 
 
 def nonfinite_message(batch: Batch) -> str | None:
@@ -567,8 +642,6 @@ def nonfinite_message(batch: Batch) -> str | None:
 
 
 # ------------------------------------------------------ the step's decision
-#: The codes of the step's one shared decision, by priority (module notes).
-STEADY, MODEL_GROWS, REBUILD, NONFINITE = 0, 1, 2, 3
 
 
 def reduce_device(group: Any) -> torch.device | None:
@@ -579,26 +652,30 @@ def reduce_device(group: Any) -> torch.device | None:
 
 
 def decision_code(
-    moved: torch.Tensor,
+    moved: torch.Tensor | None,
     model_flag: torch.Tensor | None,
     batch: Batch,
     group: Any,
     on: torch.device | str | None = "ask",
+    *,
+    reference: torch.Tensor | None = None,
+    limit2: float = 0.0,
 ) -> torch.Tensor:
     """The step's code, int32 ``(1,)``, reduced over ``group`` (no host read).
 
-    ``moved``: nonzero when this rank's atoms used up the skin; ``model_flag``:
-    nonzero when this rank's model buffers overflowed (None: no such model);
-    the non-finite flag of ``batch`` is added here. ``on``: the group's
-    :func:`reduce_device` when the caller knows it (default: asked here).
+    ``moved``: nonzero when this rank's atoms used up the skin, or (None) the
+    test made here: some owned row moved from ``reference`` by more than
+    ``sqrt(limit2)``; ``model_flag``: nonzero when this rank's model buffers
+    overflowed (None: no such model); the non-finite flag of ``batch`` is added
+    here (the local part in one kernel: :func:`local_code`). ``on``: the
+    group's :func:`reduce_device` when the caller knows it (default: asked here).
 
     **Collective** over ``group`` when it has more than one rank: ONE
     all-reduce (max) of one integer.
     """
-    code = torch.where(moved != 0, REBUILD, STEADY).to(torch.int32)
+    code = local_code(batch, moved=moved, reference=reference, limit2=limit2)
     if model_flag is not None:
-        code = torch.maximum(code, (model_flag.reshape(()) != 0).to(torch.int32))
-    code = torch.where(nonfinite_flag(batch) == 0, code, NONFINITE).reshape(1)
+        code = torch.maximum(code, (model_flag.reshape(1) != 0).to(torch.int32))
     device = reduce_device(group) if isinstance(on, str) else on
     if device is not None:
         code = code.to(device)
