@@ -17,8 +17,10 @@ rank's steady step is run on this one device in turn, on that rank's real rows:
   (CUDA graphs as in the raw run), its ghost rows held at rest (on a rank they
   move with their owners; see :func:`~benchmarks.scaling_ranks.hold_ghosts`);
 - the pack (gather of the ghost sources), the exchange replaced by a device copy of
-  the same bytes, the unpack, the force fold (into the owners) and the
-  per-step skin check with its host read.
+  the same bytes, the unpack, the force fold (into the owners) where the model's
+  spec folds forces (not LJ's direct forces: each rank's owned rows are
+  complete, ``folds`` False, record 0093) and the per-step skin check with its
+  host read.
 
 Each rank's step is timed twice. ``step_ms``, the prediction's term: the whole
 steady step as the runtime runs it (:class:`~benchmarks.scaling_ranks.RankStep`): the decision (skin test
@@ -32,8 +34,9 @@ overstates a captured step (eager launches, a drained queue per phase); it
 was the prediction's term before ``step_ms`` (``predicted_by_phases_ms`` keeps it).
 
 The predicted P-GPU step is the slowest rank (``step_ms``) plus a communication term:
-``2 x (latency + bytes / bandwidth)`` for the forward (positions) and reverse
-(forces) exchanges of the rank that sends most, plus one small all-reduce. The
+``latency + bytes / bandwidth`` for the forward (positions) exchange of the
+rank that sends most, twice where the spec folds forces (the reverse exchange;
+``exchanges``), plus one small all-reduce. The
 default figures are stated assumptions for one NVLink node of H100/H200 SXM
 GPUs: 900 GB/s of NVLink per GPU in the vendor's datasheet is 450 GB/s per
 direction, of which NCCL's all-to-all is taken to reach 2/3 (300 GB/s); 20 us
@@ -101,6 +104,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import harness
 from benchmarks.scaling_ranks import Owned, RankStep, Scoped, hold_ghosts
+from nvdd.dynamics._provider import folds_forces
 
 CUTOFF, SKIN, DT_FS = 8.5, 1.0, 4.0
 #: The rank grids of the tables (the runtime's default for a cube splits x, then y, then z).
@@ -377,6 +381,8 @@ def time_rank(
         wire_f.copy_(forces[n_o:])
         acc.index_add_(0, src, wire_f)
 
+    folds = folds_forces(model.distribution_spec("halo"))  # (LJ's direct forces: no fold)
+
     ref = pos[:n_o].clone()
     half_skin = SKIN / 2
 
@@ -385,7 +391,7 @@ def time_rank(
 
     alone = {
         "exchange_ms": _timed(exchange, steps, warmup, device),
-        "fold_ms": _timed(fold, steps, warmup, device),
+        "fold_ms": _timed(fold, steps, warmup, device) if folds else 0.0,
         "check_ms": _timed(check, steps, warmup, device),
     }
     dyn = pos = forces = acc = None  # (freed before the whole step runs)
@@ -410,6 +416,7 @@ def time_rank(
         "model_ms": model_ms,
         **alone,
         "step_ms": step_ms,
+        "folds": folds,
         "decision_reads": rank.reads,
         **adapters,
         "peak_bytes": peak,
@@ -517,7 +524,9 @@ def predict(
             slow = max(per_rank, key=lambda r: r[STEP])
             sent = max(r["ghost"] for r in per_rank) * 3 * itemsize
             wire_ms = sent / (bandwidth_gbs * 1e9) * 1e3
-            comm_ms = 2 * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
+            # the forward exchange, and the reverse one where the spec folds forces
+            exchanges = 2 if all(r["folds"] for r in per_rank) else 1
+            comm_ms = exchanges * (latency_us * 1e-3 + wire_ms) + allreduce_us * 1e-3
             if mpnn:  # a refresh per layer but the last, and its adjoint (a fold)
                 features = max(r["ghost"] for r in per_rank) * feat_width * itemsize
                 refreshes = 2 * (n_layers - 1)
@@ -539,6 +548,7 @@ def predict(
                     "bytes_per_exchange": sent,
                     "slowest": {k: slow[k] for k in (*PHASES, STEP)},
                     "comm_ms": comm_ms,
+                    "exchanges": exchanges,
                     "predicted_ms": predicted,
                     "speedup": raw_ms / predicted,
                     "overhead": slow[STEP] / (raw_ms * slow["owned"] / n),

@@ -570,9 +570,12 @@ run); results go to `benchmarks/results/` and this page is rendered from them.
 """
 
 
-def main_ab(doc: dict[str, Any]) -> str:
-    """Main against the commit before issues 35 and 36, one lease: B / A per row,
-    the rows above 1.03 named from the data."""
+_AB_HEAD = ["model", "run", "atoms", "dtype", "A ms (runs)", "B ms (runs)", "B / A"]
+_AB_RIGHT = [False, False, True, False, *[True] * 3]
+
+
+def _ab_rows(doc: dict[str, Any]) -> tuple[list[list[str]], list[float], list[str]]:
+    """An A/B file's table rows, its B / A ratios and the rows above 1.03, named."""
     rows = [
         [
             r["bench"].upper() if r["bench"] != "mace" else "MACE",
@@ -593,6 +596,13 @@ def main_ab(doc: dict[str, Any]) -> str:
         for r in doc["rows"]
         if r["b_over_a"] > 1.03
     ]
+    return rows, ratios, over
+
+
+def main_ab(doc: dict[str, Any]) -> str:
+    """Main against the commit before issues 35 and 36, one lease: B / A per row,
+    the rows above 1.03 named from the data."""
+    rows, ratios, over = _ab_rows(doc)
     text = (
         "## Main against the commit before issues 35 and 36\n\n"
         "Issues 35 (the step written once) and 36 (ghosts only where a neighbour rank\n"
@@ -603,8 +613,32 @@ def main_ab(doc: dict[str, Any]) -> str:
     )
     if over:
         text += f"; above 1.03: {'; '.join(over)}"
-    head = ["model", "run", "atoms", "dtype", "A ms (runs)", "B ms (runs)", "B / A"]
-    return table_section(text + ".", head, rows, [False, False, True, False, *[True] * 3], doc)
+    return table_section(text + ".", _AB_HEAD, rows, _AB_RIGHT, doc)
+
+
+def main_ab_decision(doc: dict[str, Any]) -> str:
+    """The same A/B after the decision kernel (record 0094) and LJ's owned forces
+    (record 0093): B / A per row, by kind of run."""
+    rows, ratios, over = _ab_rows(doc)
+
+    def span(run: str) -> str:  # (the rows of one kind: the run's name up to its qualifier)
+        got = [r["b_over_a"] for r in doc["rows"] if r["run"].split(" (")[0] == run.split(" (")[0]
+               and ("(halo" in r["run"]) == ("(halo" in run)]  # fmt: skip
+        return f"{num(min(got), 3)} to {num(max(got), 3)}" if got else "-"
+
+    text = (
+        "### After the step's decision in one kernel and LJ's owned forces\n\n"
+        "The same A/B (A 031bb92, B as named below, one lease, two runs a side alternated)\n"
+        "after the step's local decision became one kernel (record\n"
+        "[0094](decisions/0094-decision-in-one-kernel.md)) and Lennard-Jones stopped folding\n"
+        "(record [0093](decisions/0093-lj-owned-forces.md)): B / A from "
+        f"{num(min(ratios), 3)} to {num(max(ratios), 3)}; the halo-forced rows "
+        f"{span('DomainParallel (halo forced)')}, one-rank DomainParallel {span('DomainParallel')},"
+        f" the raw loop (the same code on both sides) {span('raw')}"
+    )
+    if over:
+        text += f"; above 1.03: {'; '.join(over)}"
+    return table_section(text + ".", _AB_HEAD, rows, _AB_RIGHT, doc)
 
 
 def main_ab_131k(doc: dict[str, Any]) -> str:
@@ -735,6 +769,7 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("step-refactor-ab",), step_refactor_ab),
     (("one-gpu-ab-031bb92",), main_ab),
     (("one-gpu-ab-031bb92-131k",), main_ab_131k),
+    (("one-gpu-ab-031bb92-decision",), main_ab_decision),
     (("ensembles-npt-device", "ensembles-npt-rows", "ensembles-nvt-trace"), ensembles),
     (("ensembles-drift-cpu",), drift),
     (("receptive-field-cpu",), receptive_field),

@@ -188,10 +188,29 @@ def lj_targets(rows: list[dict[str, Any]]) -> str:
         ranks = math.prod(int(k) for k in grid.split("x"))
         label = f"{ranks} GPUs" if what == "speedup" else f"overhead on {ranks} ranks"
         sign, unit = (">=", "x") if what == "speedup" else ("<=", "")
-        said.append(
+        text = (
             f"{atoms(n)} atoms {dtype}, {label}: {num(got)}{unit} "
-            f"(target {sign} {bound:g}{unit}: {'met' if ok else 'missed'})"
+            f"(target {sign} {bound:g}{unit}: {'met' if ok else 'missed'}"
         )
+        if what == "speedup" and not ok:  # where the slowest rank's step goes
+            s = r["slowest"]
+            share = r["raw_ms"] * r["owned_max"] / n
+            text += (
+                f"; its slowest rank: model {num(s['model_ms'])} ms against the raw run's"
+                f" {num(share)} ms for its share, the halo's work"
+                f" {num(rank_step_ms(s) - s['model_ms'])} ms, the wire {num(r['comm_ms'])} ms"
+            )
+            others = [
+                o
+                for o in rows
+                if o["atoms"] == n
+                and o["dtype"] == dtype
+                and o.get("layout", "faces") == "faces"
+                and o.get("grid") not in (None, grid)
+                and math.prod(int(k) for k in o["grid"].split("x")) == ranks
+            ]
+            text += "".join(f"; grid {o['grid']}: {num(o['speedup'])}x" for o in others)
+        said.append(text + ")")
     return "" if not said else "Issue 36's targets (layout `faces`): " + "; ".join(said) + "."
 
 
@@ -334,20 +353,40 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
         halo = [rank_step_ms(r["slowest"]) - r["slowest"]["model_ms"] for r in grid_rows]
         comm = [r["comm_ms"] for r in grid_rows]
         target = lj_targets(rows)
+        # LJ's own spec (record 0093): owned rows complete, nothing folded, one exchange
+        owned = all(r.get("exchanges") == 1 for r in grid_rows)
         out += [
             "",
             "What holds the speed-up back: the model is most of every rank's step (model",
             "share). As under the runtime, a rank's neighbour list holds only the pairs with",
             "an owned end (none between two ghosts) and its ghost rows have no list; the",
-            "ghost rows still cost their cell search, skin check and fold, a pair across a",
-            "rank's face is computed on both sides (half its energy each), and at 1M atoms",
+            "ghost rows still cost their cell search and skin check"
+            + ("" if owned else " and fold")
+            + ", a pair across a",
+            "rank's face is computed on both sides (half its energy each"
+            + (
+                "; each side's owned end gets the whole pair force, so nothing is folded"
+                " and only the ghosts' positions cross the wire:"
+                " [0093](decisions/0093-lj-owned-forces.md)"
+                if owned
+                else ""
+            )
+            + "), and at 1M atoms",
             "on 8 ranks each rank's rows under-fill the GPU (more ms per row than the raw",
             "run). The halo's own work in a rank's step (step ms - model ms: the decision",
-            f"and its host read, pack, wire copy, padded rows, fold) is {num(min(halo))} to",
+            "and its host read, pack, wire copy, padded rows"
+            + ("" if owned else ", fold")
+            + f") is {num(min(halo))} to",
             f"{num(max(halo))} ms, the communication term {num(min(comm))} to {num(max(comm))} ms.",
             "What would remove them: forces of interior atoms computed while the ghosts are",
-            "in flight (hides the wire), one fused pack/fold/check kernel, a pair across a",
-            "face computed once and its force folded (LAMMPS's `newton on`), and (for",
+            "in flight (hides the wire), "
+            + (
+                "the owned rows written in place into the padded rows (no copy a step), "
+                if owned
+                else "one fused pack/fold/check kernel, a pair across a face computed once"
+                " and its force folded (LAMMPS's `newton on`), "
+            )
+            + "and (for",
             "2x1x1) the `split` layout (`DomainConfig(wrap_whole_axes=True)`).",
             "The runtime also pays its halo's rebuild steps, which these steady-step",
             "predictions leave out and the `calibrated` column charges (the next section).",

@@ -62,7 +62,8 @@ class Owned:
     """The LJ model as a rank's runtime calls it: inside a DD context the model
     takes ``n_receivers`` = the layout's owned rows (``_dd.prepare_rows``), so its
     neighbour list holds the pairs with an owned end and none between two ghosts,
-    and its ghost rows get ``-dE_local/dx`` to fold. The bound is passed directly,
+    and its forces are what its spec says (direct forces: complete on owned rows,
+    nothing to fold; autograd: ``-dE_local/dx`` to fold). The bound is passed directly,
     which keeps the steps capturable as in the raw run (the list and kernels are
     the same as under the context)."""
 
@@ -92,7 +93,8 @@ class RankStep:
     the ghost forces over the wire and folded into their owners by the runtime's
     own fold (``nvdd.halo``'s ``_fold`` over a ``Route``: the deterministic Warp
     kernel on CUDA, ``index_add_`` elsewhere, as a rank's reverse exchange
-    folds), then added to the owned rows. With
+    folds), then added to the owned rows, when the model's spec folds its forces
+    (``folds``: not LJ's direct forces, whose owned rows are complete). With
     CUDA graphs (``captured``) the step is split as the runtime splits it:
     the decision is queued in the head
     (:meth:`begin_step`), read between the two graphs (:meth:`take_verdict`),
@@ -117,7 +119,11 @@ class RankStep:
         skin: float,
         captured: bool,
     ) -> None:
+        from nvdd.dynamics._provider import folds_forces
+
         self.inner = inner
+        #: Whether the runtime folds this model's ghost forces (its spec says so).
+        self.folds = folds_forces(inner.distribution_spec("halo"))
         self.skin = skin
         self.n_owned = n_owned
         self.captured = captured
@@ -190,6 +196,8 @@ class RankStep:
         ghosts = self.wire + self.image @ batch.cell[0]  # unpack: the image shift
         padded = torch.cat([batch.positions.detach()[:n], ghosts])
         out = self.inner(batch.replace(positions=padded))
+        if not self.folds:  # owned rows complete: no reverse exchange, no fold
+            return out
         forces = out["forces"]
         self.wire_back.copy_(forces[n:].detach())  # the ghost forces back over the wire
         folded = _plan._fold(self.route, self.wire_back)  # the runtime's fold, as reverse's

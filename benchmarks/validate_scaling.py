@@ -140,7 +140,10 @@ def compare(predicted: dict[str, Any], measured: list[dict[str, Any]]) -> dict[s
         ours: {"predicted": predicted["slowest"][ours], "measured": slow["phases_ms"].get(theirs)}
         for ours, theirs in PHASES.items()
     }
-    keep = ("model", "cells", "dtype", "atoms", "ranks", "grid", "layout", "raw_ms", "comm_ms")
+    keep = (
+        "model", "cells", "dtype", "atoms", "ranks", "grid", "layout", "raw_ms", "comm_ms",
+        "exchanges",
+    )  # fmt: skip
     return {
         **{k: predicted[k] for k in keep},
         "predicted_ms": predicted["predicted_ms"],
@@ -152,7 +155,7 @@ def compare(predicted: dict[str, Any], measured: list[dict[str, Any]]) -> dict[s
         "measured_speedup": predicted["raw_ms"] / measured_ms,
         "phases": phases,
         "predicted_per_rank": [
-            {k: r[k] for k in ("owned", "ghost", "total_ms", "step_ms")}
+            {k: r[k] for k in ("owned", "ghost", "total_ms", "step_ms", "folds")}
             for r in predicted["per_rank"]
         ],
         "measured_per_rank": [

@@ -28,6 +28,7 @@ from models_testutils import DEVICES, ghost_layout, jittered_lattice, make_batch
 
 from nvdd.core import Batch, ConfigurationError, ValidationError
 from nvdd.models import LennardJones, ReferenceMPNN
+from nvdd.models._lj import SPEC_LJ_OWNED
 from nvdd.shardtensor import DDContext, SelfImageLayout, dd_scope
 from nvdd.spec import (
     SPEC_LJ_HALO,
@@ -35,6 +36,8 @@ from nvdd.spec import (
     SPEC_MPNN_HALO,
     BaseModelMixin,
     ForceStrategy,
+    OutputKind,
+    Reduce,
     ScatterMode,
     StrategyKind,
 )
@@ -44,7 +47,7 @@ ATOL = 1e-10
 
 
 # ------------------------------------------------------------------ the spec
-@pytest.mark.parametrize(("kind", "preset"), [("lj", SPEC_LJ_HALO), ("mpnn", SPEC_MPNN_HALO)])
+@pytest.mark.parametrize(("kind", "preset"), [("lj", SPEC_LJ_OWNED), ("mpnn", SPEC_MPNN_HALO)])
 def test_models_declare_their_halo_presets(kind: str, preset: Any) -> None:
     model = make_model(kind)
     assert isinstance(model, BaseModelMixin) and isinstance(model, torch.nn.Module)
@@ -53,6 +56,22 @@ def test_models_declare_their_halo_presets(kind: str, preset: Any) -> None:
     assert model.distribution_spec("halo") is preset
     expected = ForceStrategy.DIRECT if kind == "lj" else ForceStrategy.AUTOGRAD
     assert model.distribution_spec().force_strategy is expected
+
+
+def test_lj_direct_forces_are_owned_and_autograd_forces_fold() -> None:
+    """Direct forces: SPEC_LJ_HALO with forces exact on owned rows (no fold, no
+    reverse exchange); autograd forces: SPEC_LJ_HALO itself (folded)."""
+    owned = SPEC_LJ_OWNED.output("forces")
+    assert (owned.kind, owned.effective_reduce()) == (OutputKind.PER_NODE, Reduce.OWNED_ONLY)
+    assert SPEC_LJ_HALO.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+    # everything else is SPEC_LJ_HALO's
+    rest = {k: v for k, v in SPEC_LJ_OWNED.outputs.items() if k != "forces"}
+    assert rest == {k: v for k, v in SPEC_LJ_HALO.outputs.items() if k != "forces"}
+    assert SPEC_LJ_OWNED.options == SPEC_LJ_HALO.options
+    assert SPEC_LJ_OWNED.force_strategy is SPEC_LJ_HALO.force_strategy is ForceStrategy.DIRECT
+    model = make_model("lj", mode="autograd")
+    assert model.distribution_spec() is SPEC_LJ_HALO
+    assert model.distribution_spec(StrategyKind.GRAPH_PARTITION).outputs == SPEC_LJ_HALO.outputs
 
 
 @pytest.mark.parametrize("kind", ["lj", "mpnn"])

@@ -265,15 +265,26 @@ def test_verlet_skin_in_the_model_is_exact(backend: str) -> None:
 # ------------------------------------------------------------ DD seams (b), (c)
 @pytest.mark.parametrize("n_receivers", [0, 9, 27])
 def test_direct_forces_are_minus_the_gradient_of_the_local_energy(n_receivers: int) -> None:
-    """With a receiver filter, the edge pushes half its pair force onto both ends."""
+    """With a receiver filter and ``ghost_forces=True``, the edge pushes half its
+    pair force onto both ends; by default (direct forces: the model's spec says
+    owned rows are exact) the receivers get whole forces and the rest none."""
     b = _geometry_batch("open", seed=9)
-    direct = _model(ForceMode.DIRECT)(b, n_receivers=n_receivers)
+    model = _model(ForceMode.DIRECT)
+    direct = model(b, n_receivers=n_receivers, ghost_forces=True)
     auto = _model(ForceMode.AUTOGRAD)(b, n_receivers=n_receivers)
     for key in ("energy", "forces", "virial"):
         torch.testing.assert_close(direct[key], auto[key], rtol=1e-12, atol=1e-12, msg=key)
     if 0 < n_receivers < b.n_atoms:
         assert float(direct["forces"][n_receivers:].abs().max()) > 0  # ghost rows get forces
         assert float(direct["atom_energies"][n_receivers:].abs().max()) == 0
+    owned = model(b, n_receivers=n_receivers)  # the default: complete receiver rows
+    whole = model(b)["forces"]
+    torch.testing.assert_close(
+        owned["forces"][:n_receivers], whole[:n_receivers], rtol=1e-12, atol=1e-12
+    )
+    assert float(owned["forces"][n_receivers:].abs().sum()) == 0
+    for key in ("energy", "virial"):
+        torch.testing.assert_close(owned[key], direct[key], rtol=1e-12, atol=1e-12, msg=key)
 
 
 def _rank_share(full: Batch, owned: torch.Tensor, mode: ForceMode) -> tuple[torch.Tensor, ...]:

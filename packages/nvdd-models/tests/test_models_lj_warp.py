@@ -109,15 +109,21 @@ def test_warp_equals_the_torch_reference(
 def test_receiver_filter_gives_the_rows_of_the_reference(
     n_receivers: int, geometry: str, half: bool
 ) -> None:
-    """The DD seam row by row: energies of owned rows, ``-dE_local/dx`` on every row."""
+    """The DD seam row by row: energies of owned rows, ``-dE_local/dx`` on every
+    row with ``ghost_forces=True``; by default complete owned rows, zero others."""
     batch = _geometry_batch(geometry, seed=4)
     n = min(n_receivers, batch.n_atoms)
-    ref = _model("torch")(batch, n_receivers=n)
-    got = _model("warp", half=half)(batch, n_receivers=n)
+    ref = _model("torch")(batch, n_receivers=n, ghost_forces=True)
+    got = _model("warp", half=half)(batch, n_receivers=n, ghost_forces=True)
     _assert_matches(got, ref, torch.float64)
     if 0 < n < batch.n_atoms:
         assert float(got["forces"][n:].abs().max()) > 0  # ghost rows get their share
         assert float(got["atom_energies"][n:].abs().max()) == 0
+    ref = _model("torch")(batch, n_receivers=n)
+    got = _model("warp", half=half)(batch, n_receivers=n)
+    _assert_matches(got, ref, torch.float64)
+    if 0 < n < batch.n_atoms:
+        assert float(got["forces"][n:].abs().max()) == 0  # owned rows complete: no fold
 
 
 @pytest.mark.parametrize("half", [True, False], ids=["half", "full"])
@@ -581,8 +587,9 @@ def test_without_ghost_forces_owned_rows_are_complete(backend: str, half: bool) 
         layout = ghost_layout(full, owned, CUTOFF)
         n = layout.n_owned
         model = _model(backend, half=half)
-        with_ghosts = model(layout.batch, n_receivers=n)
+        with_ghosts = model(layout.batch, n_receivers=n, ghost_forces=True)
         out = model(layout.batch, n_receivers=n, ghost_forces=False)
+        assert float(with_ghosts["forces"][n:].abs().max()) > 0  # (ghost rows get their share)
         assert float(out["forces"][n:].abs().max()) == 0  # nothing to fold
         forces = forces.index_add(0, layout.source[:n], out["forces"][:n])
         energy = energy + out["energy"]

@@ -34,6 +34,7 @@ from nvdd.spec import (
     SPEC_DFTD3_HALO,
     SPEC_EWALD_HALO,
     SPEC_PME_HALO,
+    Reduce,
     ScatterMode,
     StrategyOptions,
 )
@@ -337,7 +338,14 @@ def test_pipeline_model_sums_its_components_on_one_process() -> None:
         torch.testing.assert_close(out[key], total, rtol=0, atol=1e-12)
     spec = pipe.distribution_spec()
     assert "charges" in spec.distribution.sharded_fields
-    assert spec.name == "pipeline(SPEC_LJ_HALO, SPEC_EWALD_HALO, SPEC_DFTD3_HALO)"
+    assert spec.name == "pipeline(SPEC_LJ_HALO | owned forces, SPEC_EWALD_HALO, SPEC_DFTD3_HALO)"
+    # LJ's owned rows are exact, Ewald's and D3's ghost rows are folded: so is the sum
+    assert spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+    alone = PipelineModel([ewald, d3, lj]).distribution_spec()  # (whatever the order)
+    assert alone.output("forces").effective_reduce() is Reduce.ALL_REDUCE
+    assert PipelineModel([lj]).distribution_spec().output("forces").effective_reduce() is (
+        Reduce.OWNED_ONLY
+    )
     with pytest.raises(ConfigurationError, match="at least one component"):
         PipelineModel([])
     with pytest.raises(

@@ -124,8 +124,8 @@ class DistributedPipelineModel(DistributedModel):
     Notes
     -----
     **Collective** like :class:`DistributedModel`: per call one rebuild flag
-    all-reduce, one forward and one reverse exchange, plus what each component's
-    spec asks for.
+    all-reduce, one forward and (when some component's forces fold) one reverse
+    exchange, plus what each component's spec asks for.
     """
 
     _captures_halo_steps = False  # (its own step: not captured)
@@ -162,6 +162,8 @@ class DistributedPipelineModel(DistributedModel):
             wraps_periodic_axes=all(s.options.wraps_periodic_axes for s in specs),
         )
         merged = merged.replace(options=options)
+        #: Whether some component's ghost rows carry forces to fold (else no reverse exchange).
+        self.folds = any(folds_forces(s) for s in specs)
         self.pipeline = pipeline
         scope = None if pipeline is None else as_model(pipeline)
         super().__init__(_Components(models, scope), config, spec=merged, **kwargs)
@@ -216,7 +218,9 @@ class DistributedPipelineModel(DistributedModel):
         plan, n = self.plan, self.plan.n_owned
         assert self.pending is not None
         f_padded, f_owned, finals, partials = st.raw
-        forces = f_owned + f_padded[:n] + plan.reverse(f_padded[n:])
+        forces = f_owned + f_padded[:n]
+        if self.folds:  # (no component's ghost rows carry forces: no reverse exchange)
+            forces = forces + plan.reverse(f_padded[n:])
         t0 = self._timer("fold", st.t0)
         base = {k: finals.pop(k) for k in list(finals) if k in partials}
         self.pending.set(partials, base=base)

@@ -47,6 +47,7 @@ __all__ = [
     "CoreInputs",
     "edge_vectors",
     "lj_direct",
+    "lj_direct_owned",
     "lj_energies",
     "lj_pair",
     "mpnn_embed",
@@ -504,11 +505,29 @@ def lj_direct(
     model: Any, n_systems: int, *args: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Atom energies ``(atom_cap,)``, direct forces ``(atom_cap, 3)`` and the virial
-    ``(n_systems, 3, 3)`` (args as :func:`lj_pair`)."""
+    ``(n_systems, 3, 3)`` (args as :func:`lj_pair`): ``-dE/dx`` on every row."""
+    return _lj_direct(model, n_systems, False, *args)
+
+
+def lj_direct_owned(
+    model: Any, n_systems: int, *args: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`lj_direct` with each edge's whole pair force on its receiver (an
+    owned row) and none on its sender: complete owned rows, zero ghost rows."""
+    return _lj_direct(model, n_systems, True, *args)
+
+
+def _lj_direct(
+    model: Any, n_systems: int, owned_only: bool, *args: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r_vec, phi, g = lj_pair(model, *args)
     positions, system_index, receivers, senders = args[0], args[3], args[4], args[5]
     atom_energies = torch.zeros_like(positions[:, 0]).index_add(0, receivers, 0.5 * phi)
     half = (0.5 * g).unsqueeze(1) * r_vec
-    forces = torch.zeros_like(positions).index_add(0, senders, half).index_add(0, receivers, -half)
+    if owned_only:
+        forces = torch.zeros_like(positions).index_add(0, receivers, -2.0 * half)
+    else:
+        forces = torch.zeros_like(positions).index_add(0, senders, half)
+        forces = forces.index_add(0, receivers, -half)
     edge_system = system_index.index_select(0, receivers)
     return atom_energies, forces, system_outer_sum(half, r_vec, edge_system, n_systems)

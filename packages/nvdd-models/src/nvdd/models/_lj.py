@@ -41,8 +41,8 @@ import torch
 from nvdd.core import Batch, ModelOutputs, TensorMemo, ValidationError, sum_by_system
 from nvdd.models._cell_kernels import MAX_SYSTEMS
 from nvdd.models._checks import fail
-from nvdd.models._compiled import CompiledCore, lj_direct, lj_energies
-from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, prepare_rows
+from nvdd.models._compiled import CompiledCore, lj_direct, lj_direct_owned, lj_energies
+from nvdd.models._dd import HaloModelMixin, InputGate, energy_scope, halo_spec, prepare_rows
 from nvdd.models._device_neighbors import DeviceVerletList, NeighborMatrix
 from nvdd.models._lj_config import ForceMode, LJBackend, LJConfig
 from nvdd.models._lj_kernels import lj_atom_virial_kernel, lj_kernel
@@ -52,7 +52,16 @@ from nvdd.models._species import check_species
 from nvdd.models._verlet import VerletList
 from nvdd.models._warp import Kernel, declare_overloads
 from nvdd.shardtensor import Scope, current_dd_context
-from nvdd.spec import SPEC_LJ_HALO, CompilePolicy, DistributionSpec, MLIPSpec, StrategyKind
+from nvdd.spec import (
+    SPEC_LJ_HALO,
+    CompilePolicy,
+    DistributionSpec,
+    MLIPSpec,
+    OutputKind,
+    OutputSpec,
+    Reduce,
+    StrategyKind,
+)
 
 __all__ = ["LJKernelOutputs", "LennardJones", "WarpLJ", "virial_by_system", "voigt_to_matrices"]
 
@@ -61,6 +70,20 @@ _ENERGY_SCOPE: Scope = energy_scope(SPEC_LJ_HALO)
 #: The graph-partition spec: the same outputs and forces, index-block storage.
 SPEC_LJ_GRAPH = SPEC_LJ_HALO | MLIPSpec(
     name="SPEC_LJ_HALO | graph partition",
+    distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
+)
+#: The spec of direct forces (``ForceMode.DIRECT``, the default): ``SPEC_LJ_HALO``
+#: with forces exact on owned rows. Each rank evaluates every pair with an owned
+#: end, so the model puts the whole pair force on each owned end and nothing on
+#: ghost rows (``forward(ghost_forces=False)``): the runtime skips the fold and its
+#: reverse exchange (LAMMPS's ``newton off``, at no extra pair terms; record 0093).
+SPEC_LJ_OWNED = SPEC_LJ_HALO.replace(
+    name="SPEC_LJ_HALO | owned forces",
+    outputs={**SPEC_LJ_HALO.outputs, "forces": OutputSpec(OutputKind.PER_NODE, Reduce.OWNED_ONLY)},
+)
+#: :data:`SPEC_LJ_OWNED` with index-block storage (the graph partition).
+SPEC_LJ_OWNED_GRAPH = SPEC_LJ_OWNED | MLIPSpec(
+    name="SPEC_LJ_HALO | owned forces | graph partition",
     distribution=DistributionSpec(storage=StrategyKind.GRAPH_PARTITION),
 )
 
@@ -86,15 +109,19 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
 
     Notes
     -----
-    :meth:`distribution_spec` returns ``SPEC_LJ_HALO`` for ``StrategyKind.HALO``:
-    direct forces on every padded row (folded into owners by the runtime);
-    energy, virial and stress are per-rank partials (``Reduce.ALL_REDUCE``),
-    atom energies (and, with ``LJConfig.atom_virials``, atom virials) exact on
-    owned rows. Either force mode fits this spec: in
-    ``ForceMode.AUTOGRAD`` the model differentiates its own copy of the
-    positions and still returns ``forces``. ``StrategyKind.GRAPH_PARTITION``
-    returns the same spec with index-block storage: rows are this rank's atoms
-    plus those within reach, with the real cell and pbc.
+    :meth:`distribution_spec` for ``StrategyKind.HALO``: with direct forces
+    (``ForceMode.DIRECT``, the default) ``SPEC_LJ_OWNED``, which is
+    ``SPEC_LJ_HALO`` with forces exact on owned rows: each rank evaluates every
+    pair with an owned end, so the whole pair force goes to each owned end and
+    ghost rows get none; the runtime has nothing to fold and no reverse
+    exchange to make. In ``ForceMode.AUTOGRAD`` (the model differentiates its
+    own copy of the positions) ``SPEC_LJ_HALO``: ``-dE_local/dx`` on every
+    padded row, folded into owners by the runtime. In both, energy, virial and
+    stress are per-rank partials (``Reduce.ALL_REDUCE``), atom energies (and,
+    with ``LJConfig.atom_virials``, atom virials) exact on owned rows.
+    ``StrategyKind.GRAPH_PARTITION`` returns the same spec with index-block
+    storage: rows are this rank's atoms plus those within reach, with the real
+    cell and pbc.
 
     Examples
     --------
@@ -153,6 +180,28 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         """Forget cached neighbours and checks when the distributed scope closes."""
         super().distributed_teardown()
         self._warp.reset()
+
+    def distribution_spec(self, strategy: StrategyKind | str = StrategyKind.HALO) -> MLIPSpec:
+        """``SPEC_LJ_OWNED`` with direct forces, ``SPEC_LJ_HALO`` with autograd
+        forces (a ``spec=`` set on the model wins); see the class notes.
+
+        Raises
+        ------
+        ConfigurationError
+            For a value that is not a strategy.
+        """
+        if self._spec is None and self._owned_forces():
+            graph = None if self._graph_preset is None else SPEC_LJ_OWNED_GRAPH
+            return halo_spec(self, strategy, SPEC_LJ_OWNED, graph)
+        return super().distribution_spec(strategy)
+
+    def _owned_forces(self) -> bool:
+        """Whether forces under DD are complete on owned rows and zero on ghost
+        rows (what the model's spec promises), not ``-dE_local/dx`` to fold."""
+        if self._config.force_mode is not ForceMode.DIRECT:
+            return False
+        spec = self._spec
+        return spec is None or spec.output("forces").effective_reduce() is Reduce.OWNED_ONLY
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> LennardJones:
         # .to() / .double() / .cuda(): the Warp tables are recomputed from the buffers.
@@ -241,7 +290,7 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         *,
         n_receivers: int | None = None,
         compute_stress: bool = True,
-        ghost_forces: bool = True,
+        ghost_forces: bool | None = None,
     ) -> ModelOutputs:
         """Energy, forces, atom energies, virial and stress of every system.
 
@@ -257,12 +306,15 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         compute_stress:
             Also return ``virial`` and ``stress`` (shape ``(n_systems, 3, 3)``).
         ghost_forces:
-            Direct forces only. True (the spec's contract): ``forces`` are
-            ``-dE_local/dx`` on every row, to be folded into owners. False: the
-            complete force on every counted (owned) row and zero on the others,
-            so a runtime may skip the fold: each rank evaluates its owned-ghost
-            pairs anyway, so this costs no extra pair terms (the rank owning the
-            other end computes that end's force).
+            Where the forces of rows beyond ``n_receivers`` go. None (default):
+            what :meth:`distribution_spec` promises (False with direct forces,
+            True with autograd forces). True: ``forces`` are ``-dE_local/dx``
+            on every row, to be folded into owners. False (direct forces only):
+            the complete force on every counted (owned) row and zero on the
+            others, so the runtime skips the fold: each rank evaluates its
+            owned-ghost pairs anyway, so this costs no extra pair terms (the
+            rank owning the other end computes that end's force). Either is
+            exact after a fold (the ghost rows of False are zero).
 
         Returns
         -------
@@ -275,8 +327,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             ``virial`` (see the module notes); absent otherwise.
             Under a live DD context (``nvdd.shardtensor.current_dd_context()``
             with a layout): rows are the layout's ``[owned | ghost]`` rows,
-            ``forces`` are ``-dE_local/dx`` on every row (fold ghost rows into
-            their owners), ``energy``, ``virial`` and ``stress`` are this rank's
+            ``forces`` as ``ghost_forces`` says (by default complete on owned
+            rows and zero on ghost rows with direct forces; ``-dE_local/dx`` on
+            every row, to fold, with autograd forces), ``energy``, ``virial`` and ``stress`` are this rank's
             partials (sum them over ranks), ``atom_energies`` (and
             ``atom_virials``) are exact on owned rows and zero on ghost rows.
 
@@ -293,7 +346,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
             (CPU) or at the next call (CUDA); under DD it is raised on every rank
             together at the next new topology.
         """
-        if not ghost_forces and self._config.force_mode is not ForceMode.DIRECT:
+        if ghost_forces is None:
+            ghost_forces = not self._owned_forces()
+        elif not ghost_forces and self._config.force_mode is not ForceMode.DIRECT:
             fail(
                 "ghost_forces=False needs force_mode=ForceMode.DIRECT (autograd gives -dE_local/dx)"
             )
@@ -346,7 +401,9 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
     ) -> ModelOutputs:
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
         if self._core is not None:
-            return self._compiled_direct(self._core, batch, rows, edges, n_counted, compute_stress)
+            return self._compiled_direct(
+                self._core, batch, rows, edges, n_counted, compute_stress, ghost_forces
+            )
         r_vec = edges.vectors(pos, cell, si)
         i, j = edges.receivers, edges.senders
         phi, g = self.pair_terms(r_vec, rows.index_select(0, i), rows.index_select(0, j))
@@ -486,14 +543,14 @@ class LennardJones(HaloModelMixin, torch.nn.Module):
         edges: EdgeList,
         n_counted: int | None,
         compute_stress: bool,
+        ghost_forces: bool = True,
     ) -> ModelOutputs:
         """:meth:`_direct` through the compiled region (same values). **Collective**
         under a live DD context at a new halo topology (the capacities' all-reduce)."""
         pos, cell, si = batch.positions.detach(), batch.cell.detach(), batch.system_index
         t = core.inputs(pos, rows, si, edges, self._dd_gate.generation)
-        atom_e, forces, virial = core.fn("direct", lj_direct)(
-            self, batch.n_systems, *t.tensors(cell)
-        )
+        key, region = ("direct", lj_direct) if ghost_forces else ("owned", lj_direct_owned)
+        atom_e, forces, virial = core.fn(key, region)(self, batch.n_systems, *t.tensors(cell))
         atom_energies = atom_e[: t.n_atoms]
         out: ModelOutputs = {
             "energy": system_energy(atom_energies, si, batch.n_systems, n_counted, _ENERGY_SCOPE),

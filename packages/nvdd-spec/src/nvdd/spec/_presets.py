@@ -85,7 +85,9 @@ SPEC_LJ_HALO = MLIPSpec(
     name="SPEC_LJ_HALO",
     # The pair kernel sums owned atom energies locally (Scope.LOCAL): consolidation
     # all-reduces the energy only on steps that ask for it, so a step that needs
-    # only forces costs two all_to_all and one small all-reduce. Per-atom virials
+    # only forces costs two all_to_all and one small all-reduce (one all_to_all
+    # under nvdd.models.LennardJones's own variant, whose owned rows are exact
+    # and whose ghost rows carry no force: nothing to fold). Per-atom virials
     # (opt-in, LJConfig.atom_virials) are booked like the atom energies: each edge
     # gives half its pair virial to its receiver, an owned row, so they are exact on
     # owned rows and nothing is folded.
