@@ -26,7 +26,8 @@ Each rank's step is timed twice. ``step_ms``, the prediction's term: the whole
 steady step as the runtime runs it (:class:`~benchmarks.scaling_ranks.RankStep`): the decision (skin test
 and non-finite flag) in the captured head, its host read, then the exchange,
 the padded rows, the model, and the fold by the runtime's kernel in the
-captured tail; eager where the runtime's step is eager. And each phase alone
+captured tail; eager where the runtime's step is eager; the integrator holds
+the owned rows alone, as a rank's does. And each phase alone
 (``model_ms``: the integrator and model without the halo; ``exchange_ms``,
 ``fold_ms``, ``check_ms``: torch operations launched eagerly, one phase at a
 time; ``total_ms`` their sum), which says where the step goes. The sum
@@ -398,16 +399,13 @@ def time_rank(
     # the whole steady step as the runtime runs it: the phases in one step,
     # captured as the runtime captures them (see RankStep)
     captured = graphs and not scoped
-    rank = RankStep(model, n_o, source, src, shift, skin=SKIN, captured=captured)
+    padded = local_system(batch, owned, src, shift, pbc)
+    rank = RankStep(model, n_o, source, src, shift, static=padded, skin=SKIN, captured=captured)
     if scoped:
         model.registry.install()
-    try:
-        stepper = VelocityVerlet(
-            rank,
-            hold_ghosts(local_system(batch, owned, src, shift, pbc), n_o),
-            dt_fs=dt_fs,
-            cuda_graphs=captured,
-        )
+    try:  # (the integrator holds the owned rows alone, as a rank's does)
+        rows = torch.arange(n_o, device=padded.positions.device)
+        stepper = VelocityVerlet(rank, padded.select(rows), dt_fs=dt_fs, cuda_graphs=captured)
         step_ms = _timed(lambda: stepper.run(1), steps, warmup, device)
     finally:
         if scoped:

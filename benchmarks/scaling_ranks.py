@@ -11,7 +11,6 @@ at rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -88,7 +87,7 @@ class RankStep:
     (``nvdd.dynamics._step.decision_code``: one kernel over the owned rows, as
     ``DistributedModel._verdict_code`` runs it) and read on the host; the ghost
     rows gathered from their sources, moved over the "wire" (a device copy),
-    shifted by their image (``image @ cell`` each step) and concatenated after
+    shifted by their image (``image @ cell`` each step, by the runtime's ``image_shift``) and concatenated after
     the owned rows (the padded positions the model runs on); after the model,
     the ghost forces over the wire and folded into their owners by the runtime's
     own fold (``nvdd.halo``'s ``_fold`` over a ``Route``: the deterministic Warp
@@ -102,10 +101,16 @@ class RankStep:
     capture: the warm-up, a device that cannot capture, the MPNN and MACE)
     makes the decision at the start of the call.
 
+    As on a rank, the integrator holds the owned rows alone (``static`` is the
+    rank's ``[owned | ghost]`` system, whose positions each call replaces by
+    the padded rows, as the runtime's ``static.replace``), and the call returns
+    the owned rows' outputs.
+
     The emulation times steady steps: the verdict is read and then ignored (a
     rebuild is not emulated; ``benchmarks/halo_rebuilds.py`` measures one).
     The folded forces are discarded: on a rank they would belong to the
-    neighbour's atoms, so the integrated dynamics stay those of ``inner``.
+    neighbour's atoms, so the integrated dynamics stay those of ``inner`` on
+    the owned rows, with the ghosts where ``source`` holds them.
     """
 
     def __init__(
@@ -116,12 +121,14 @@ class RankStep:
         src: torch.Tensor,
         shift: torch.Tensor,
         *,
+        static: Any,
         skin: float,
         captured: bool,
     ) -> None:
         from nvdd.dynamics._provider import folds_forces
 
         self.inner = inner
+        self.static = static  # the rank's [owned | ghost] rows (positions replaced a call)
         #: Whether the runtime folds this model's ghost forces (its spec says so).
         self.folds = folds_forces(inner.distribution_spec("halo"))
         self.skin = skin
@@ -149,6 +156,7 @@ class RankStep:
         self.ref: torch.Tensor | None = None
         self.code: torch.Tensor | None = None
         self.folded: torch.Tensor | None = None
+        self.ghost_forces: torch.Tensor | None = None  # (the last call's, where folded)
         self.reads = 0  # host reads of the decision (one per step)
 
     def __getattr__(self, name: str) -> Any:
@@ -162,16 +170,10 @@ class RankStep:
     def _decide(self, batch: Any) -> torch.Tensor:
         from nvdd.dynamics._step import decision_code
 
-        n = self.n_owned  # the runtime's batch holds the owned rows alone: views of them
-        owned = SimpleNamespace(
-            positions=batch.positions.detach()[:n],
-            velocities=batch.velocities[:n],
-            forces=batch.forces[:n],
-        )
         if self.ref is None:  # (kept in the working precision, as the runtime keeps it)
-            self.ref = owned.positions.clone()
+            self.ref = batch.positions.detach().clone()
         limit2 = (0.5 * self.skin) ** 2
-        return decision_code(None, None, owned, None, on=None, reference=self.ref, limit2=limit2)
+        return decision_code(None, None, batch, None, on=None, reference=self.ref, limit2=limit2)
 
     def begin_step(self, batch: Any) -> None:
         """The head's decision, queued on the device (captured)."""
@@ -193,17 +195,22 @@ class RankStep:
             self.reads += 1
         n = self.n_owned
         self.wire.copy_(self.source.index_select(0, self.src))  # pack, the wire
-        ghosts = self.wire + self.image @ batch.cell[0]  # unpack: the image shift
-        padded = torch.cat([batch.positions.detach()[:n], ghosts])
-        out = self.inner(batch.replace(positions=padded))
+        ghosts = self.wire + _plan.image_shift(self.image, batch.cell[0])  # unpack: the shift
+        padded = torch.cat([batch.positions.detach(), ghosts])
+        out = dict(self.inner(self.static.replace(positions=padded, cell=batch.cell)))
+        n_padded = padded.shape[0]
+        owned = {  # the owned rows' outputs, as the runtime hands them to the integrator
+            k: v[:n] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n_padded else v
+            for k, v in out.items()
+        }
         if not self.folds:  # owned rows complete: no reverse exchange, no fold
-            return out
-        forces = out["forces"]
-        self.wire_back.copy_(forces[n:].detach())  # the ghost forces back over the wire
+            return owned
+        forces = out["forces"].detach()
+        self.wire_back.copy_(forces[n:])  # the ghost forces back over the wire
         folded = _plan._fold(self.route, self.wire_back)  # the runtime's fold, as reverse's
-        _ = forces[:n].detach() + folded[:n]  # the owners' sums (discarded: class notes)
-        self.folded = folded  # (the last call's fold, for tests)
-        return out
+        _ = forces[:n] + folded[:n]  # the owners' sums (discarded: class notes)
+        self.folded, self.ghost_forces = folded, forces[n:]  # (the last call's, for tests)
+        return owned
 
 
 def hold_ghosts(local: Any, n_owned: int) -> Any:

@@ -411,21 +411,31 @@ def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
     def rank(captured: bool) -> Any:
         inner = wrapped(ps._model("cpu", torch.float64), n)
         return sr.RankStep(
-            inner, n, batch.positions.clone(), src, shift, skin=ps.SKIN, captured=captured
-        )
+            inner, n, batch.positions.clone(), src, shift, static=local(),
+            skin=ps.SKIN, captured=captured,
+        )  # fmt: skip
+
+    def owned_rows() -> Any:  # the integrator's rows on a rank: the owned ones
+        return local().select(torch.arange(n))
 
     plain = VelocityVerlet(wrapped(ps._model("cpu", torch.float64), n), local(), dt_fs=ps.DT_FS)
     plain.run(4)
     eager = rank(captured=False)
     assert eager.folds is (forces == "ghost")
-    dyn = VelocityVerlet(eager, local(), dt_fs=ps.DT_FS)
+    dyn = VelocityVerlet(eager, owned_rows(), dt_fs=ps.DT_FS)
     dyn.run(4)
     assert eager.reads == 5  # t = 0 and four steps
-    torch.testing.assert_close(dyn.batch.positions, plain.batch.positions, rtol=0, atol=1e-12)
-    ghost_f = dyn.batch.forces[n:]
+    assert dyn.batch.n_atoms == n  # (the integrator holds the owned rows alone)
+    want_pos = plain.batch.positions[:n]
+    torch.testing.assert_close(dyn.batch.positions, want_pos, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dyn.batch.forces, plain.batch.forces[:n], rtol=0, atol=1e-12)
     if forces == "owned":  # owned rows complete: the ghost rows carry nothing to fold
-        assert eager.folded is None and float(ghost_f.abs().max()) == 0
+        assert eager.folded is None and eager.ghost_forces is None
+        assert float(plain.batch.forces[n:].abs().max()) == 0
     else:  # the fold: each ghost's force (the last call's) summed into its owner
+        ghost_f = eager.ghost_forces
+        assert ghost_f is not None
+        torch.testing.assert_close(ghost_f, plain.batch.forces[n:], rtol=0, atol=1e-12)
         _, owner = torch.unique(src, return_inverse=True)
         want = torch.zeros(int(owner.max()) + 1, 3, dtype=ghost_f.dtype)
         want.index_add_(0, owner, ghost_f)
@@ -436,11 +446,11 @@ def test_an_emulated_rank_step_makes_the_halo_work_and_keeps_the_dynamics(
     with emulated_capture():
         split = rank(captured=True)
         assert split.splits_step
-        graphs = VelocityVerlet(split, local(), dt_fs=ps.DT_FS, cuda_graphs=True)
+        graphs = VelocityVerlet(split, owned_rows(), dt_fs=ps.DT_FS, cuda_graphs=True)
         graphs.run(4)
     assert graphs.graphs.replays > 0  # the steady steps replayed, split at the host read
     assert split.reads == 5
-    torch.testing.assert_close(graphs.batch.positions, plain.batch.positions, rtol=0, atol=1e-12)
+    torch.testing.assert_close(graphs.batch.positions, want_pos, rtol=0, atol=1e-12)
 
 
 def test_the_rebuild_step_benchmark_sorts_every_step_and_renders(tmp_path: Path) -> None:

@@ -81,6 +81,12 @@ def _barostat() -> list[Any]:
     return [affine_rows_kernel.module]
 
 
+def _decision() -> list[Any]:
+    from nvdd.dynamics._step import decision_launcher
+
+    return [decision_launcher().kernel.module]
+
+
 def _chain() -> list[Any]:
     from nvdd.dynamics._chain_device import _half_step  # (no generic kernel)
 
@@ -94,6 +100,7 @@ def _chain() -> list[Any]:
 KERNEL_MODULES: dict[str, Callable[[], list[Any]]] = {
     "nvdd.dynamics._barostat_kernels": _barostat,
     "nvdd.dynamics._chain_device": _chain,
+    "nvdd.dynamics._decision_kernels": _decision,
     "nvdd.halo._warp_kernels": _halo,
     "nvdd.models._cell_kernels": _cells,
     "nvdd.models._edge_kernels": _edges,

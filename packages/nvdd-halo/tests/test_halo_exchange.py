@@ -136,3 +136,23 @@ def test_warp_fold_equals_index_add_bit_for_bit(
     assert calls == [plan.n_ghost]  # the Warp path ran, over every sent row
     assert torch.equal(got, expect)
     assert int(torch.unique(plan.ghost_owner_row).numel()) < plan.n_ghost  # runs of >1 row
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["one-cell", "cell-per-row"])
+def test_image_shift_is_image_at_cell_and_differentiable(per_row: bool) -> None:
+    """``_plan.image_shift`` (the ghosts' shift, elementwise) equals the matrix
+    product it replaces, with one cell or one per row, and its gradients too."""
+    from nvdd.halo._plan import image_shift
+
+    gen = torch.Generator().manual_seed(3)
+    image = torch.randint(-2, 3, (257, 3), generator=gen).to(torch.float64)
+    shape = (257, 3, 3) if per_row else (3, 3)
+    cell = torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    got = image_shift(image, cell)
+    want = torch.bmm(image.unsqueeze(1), cell).squeeze(1) if per_row else image @ cell
+    assert got.shape == (257, 3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-14)
+    weight = torch.randn(257, 3, generator=gen, dtype=torch.float64)
+    (g_got,) = torch.autograd.grad((got * weight).sum(), cell)
+    (g_want,) = torch.autograd.grad((want * weight).sum(), cell)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)

@@ -545,6 +545,17 @@ _NOT_MOVED: dict[torch.device, torch.Tensor] = {}
 _DECISION: list[Any] = []
 
 
+def decision_launcher() -> Any:
+    """The decision kernel's launcher (a ``RecordedKernel``), its float32 and
+    float64 overloads declared (as ``tools/warp_prefill.py`` declares them)."""
+    from nvdd.core import RecordedKernel
+    from nvdd.dynamics._decision_kernels import decision_kernel
+
+    kernel = RecordedKernel(decision_kernel, doubles=(5, 6))
+    kernel.declare_overloads()
+    return kernel
+
+
 def local_code(
     batch: Batch,
     *,
@@ -594,12 +605,7 @@ def local_code(
         code = torch.where(hit, REBUILD, STEADY)
         return torch.where(finite, code, bad).to(torch.int32).reshape(1)
     if not _DECISION:
-        from nvdd.core import RecordedKernel
-        from nvdd.dynamics._decision_kernels import decision_kernel
-
-        kernel = RecordedKernel(decision_kernel, doubles=(5, 6))
-        kernel.declare_overloads()
-        _DECISION.append(kernel)
+        _DECISION.append(decision_launcher())
     if moved is None:
         moved = _NOT_MOVED.get(dev)
         if moved is None:
