@@ -29,13 +29,14 @@ def test_the_prefill_caches_every_kernel_module_as_the_tests_load_it() -> None:
     assert {
         "wp_nvdd.dynamics._barostat_kernels",
         "wp_nvdd.dynamics._chain_device",
+        "wp_nvdd.dynamics._decision_kernels",
         "wp_nvdd.halo._warp_kernels",
         "wp_nvdd.models._cell_kernels",
         "wp_nvdd.models._edge_kernels",
         "wp_nvdd.models._lj_kernels",
         "wp_nvdd.partition._migrate_kernel",
     } < names  # (and the LJ per-atom-virial variant's own module)
-    assert len(entries) == 8
+    assert len(entries) == 9
     cache = Path(init_warp().config.kernel_cache_dir)
     assert sorted(e for e in entries if not (cache / e).is_dir()) == []
 
