@@ -776,7 +776,6 @@ SECTIONS: list[tuple[tuple[str, ...], Callable[..., str]]] = [
     (("ghost-rows-lj",), ghost_rows),
     (("lj-1gpu-whole-axes",), whole_axes_one_gpu),
     (("scaling-predicted-lj",), predicted_scaling),
-    (("scaling-predicted-lj-step",), predicted_scaling),
     (("halo-rebuilds-lj",), halo_rebuilds),
     (("halo-rebuilds-lj-cpu",), halo_rebuilds),
     (("scaling-predicted-mpnn",), predicted_scaling),

@@ -221,8 +221,6 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
     grid_rows = [r for r in rows if r.get("grid") is not None]
     whole = bool(grid_rows) and all("step_ms" in r["slowest"] for r in grid_rows)
     title = ": the reference MPNN" if mpnn else ""
-    if whole and not mpnn and doc["name"] != "scaling-predicted-lj":
-        title = ": each rank's whole step"  # (beside the earlier method's file)
     out = [
         "## Scaling predicted from one GPU" + title,
         "",
@@ -239,7 +237,8 @@ def predicted_scaling(doc: dict[str, Any]) -> str:
         out += [
             "A rank's step (`step ms`) is its whole steady step run as the runtime runs it:",
             "the decision (skin test, non-finite flag) and its host read, the exchange,",
-            "the model on the padded rows, the fold by the runtime's kernel"
+            "the model on the padded rows, the fold by the runtime's kernel where the",
+            "model's spec folds forces (LJ's does not: [0093](decisions/0093-lj-owned-forces.md))"
             + (
                 ", captured and split at the host read as the runtime splits it."
                 if not mpnn

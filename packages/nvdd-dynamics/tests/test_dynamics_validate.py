@@ -88,6 +88,14 @@ def test_the_report_names_the_spec_in_use_not_only_its_preset() -> None:
     assert "DIFFERS from the preset" in text
     assert "outputs['forces'] is per_node/owned_only (preset: per_node/all_reduce)" in text
     assert "(the preset, unchanged)" in describe_spec(SPEC_LJ_HALO)
+    # a variant named "PRESET | what differs" (LennardJones's own) is described
+    # against its preset, not as a stranger
+    variant = forces_owned_only.replace(name="SPEC_LJ_HALO | owned forces")
+    assert describe_spec(variant).splitlines()[0] == (
+        "spec 'SPEC_LJ_HALO | owned forces': the preset SPEC_LJ_HALO with outputs['forces'] "
+        "is per_node/owned_only (preset: per_node/all_reduce)"
+    )
+    assert "(not a preset)" in describe_spec(forces_owned_only.replace(name="mine"))
     report = trace_and_validate(SoftPair(spec=forces_owned_only), make_gas(n=36), world_size=2)
     summary = report.summary()
     assert "outputs['forces'] is per_node/owned_only" in summary

@@ -71,7 +71,11 @@ def test_lennard_jones_passes_on_every_boundary_class() -> None:
         assert isinstance(case, CaseResult) and case.passed and any(case.n_ghost)
         assert case.errors["cross_rank_pairs"] > 0
         assert case.errors["forces"] <= 1e-10 and case.errors["positions"] <= 1e-8
-    assert "spec 'SPEC_LJ_HALO' (the preset, unchanged)" in report.summary()
+    # LennardJones's own spec: SPEC_LJ_HALO with forces exact on owned rows (record 0093)
+    assert (
+        "spec 'SPEC_LJ_HALO | owned forces': the preset SPEC_LJ_HALO with outputs['forces'] "
+        "is per_node/owned_only"
+    ) in report.summary()
 
 
 @pytest.mark.gloo

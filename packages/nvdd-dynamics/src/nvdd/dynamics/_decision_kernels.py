@@ -31,6 +31,7 @@ def decision_kernel(
     n_reference: int,
     limit2: wp.float64,
     max_coordinate: wp.float64,
+    use_moved: int,
     moved: wp.array(dtype=wp.int32),
     rebuild: wp.int32,
     bad: wp.int32,
@@ -40,8 +41,10 @@ def decision_kernel(
     position is not finite or beyond ``max_coordinate`` in absolute value, or a
     velocity or force is not finite; else ``rebuild`` when ``i < n_reference``
     and ``|positions[i] - reference[i]|**2 > limit2`` (float64 differences, the
-    squares summed x, y, z), or for row 0 when ``moved[0]`` is nonzero; else
-    nothing. ``code`` starts at zero; ``bad > rebuild > 0``."""
+    squares summed x, y, z), or for row 0 when ``use_moved`` and ``moved[0]``
+    is nonzero (``moved`` is not read otherwise); else nothing. ``code`` starts
+    at zero and ends at the largest ``c`` of any row (the step's codes rank a
+    non-finite value above a rebuild: ``bad > rebuild > 0`` there)."""
     i = wp.tid()
     c = wp.int32(0)
     for k in range(3):
@@ -59,7 +62,7 @@ def decision_kernel(
             d2 = d2 + u * u
         if d2 > limit2:
             c = rebuild
-    if c == 0 and i == 0 and moved[0] != 0:
+    if c == 0 and i == 0 and use_moved != 0 and moved[0] != 0:  # (moved: valid memory)
         c = rebuild
     if c != 0 and code[0] < c:  # (read first: few atomics when many rows move)
         wp.atomic_max(code, 0, c)

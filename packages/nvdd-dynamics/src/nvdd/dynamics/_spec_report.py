@@ -96,7 +96,11 @@ def describe_spec(spec: MLIPSpec) -> str:
     """
     name = spec.name or "(unnamed)"
     preset = _PRESETS.get(spec.name)
-    if preset is None:
+    base = spec.name.split(" | ")[0]  # a variant's name: "PRESET | what differs"
+    if preset is None and base != spec.name and base in _PRESETS:
+        diffs = spec_differences(spec, _PRESETS[base])
+        head = f"spec {name!r}: the preset {base} with " + ("; ".join(diffs) or "nothing changed")
+    elif preset is None:
         head = f"spec {name!r} (not a preset)"
     else:
         diffs = spec_differences(spec, preset)

@@ -539,8 +539,6 @@ def nonfinite_flag(batch: Batch) -> torch.Tensor:
     return local_code(batch, bad=1).reshape(())
 
 
-#: Per device: a zero int32 ``(1,)`` (``local_code``'s ``moved`` when none is given).
-_NOT_MOVED: dict[torch.device, torch.Tensor] = {}
 #: The decision kernel's launcher (``nvdd.core.RecordedKernel``), made at first use.
 _DECISION: list[Any] = []
 
@@ -551,7 +549,7 @@ def decision_launcher() -> Any:
     from nvdd.core import RecordedKernel
     from nvdd.dynamics._decision_kernels import decision_kernel
 
-    kernel = RecordedKernel(decision_kernel, doubles=(5, 6))
+    kernel = RecordedKernel(decision_kernel, doubles=(5, 6))  # (limit2, max_coordinate)
     kernel.declare_overloads()
     return kernel
 
@@ -567,11 +565,12 @@ def local_code(
     """This rank's code before any reduction: int32 ``(1,)`` on the atoms'
     device, no host synchronisation.
 
-    ``bad`` (default :data:`NONFINITE`) when a position, velocity or force is
-    not finite or a position lies beyond :data:`MAX_COORDINATE`; else
-    :data:`REBUILD` when ``moved`` is nonzero or some row moved from
-    ``reference`` (same shape and dtype as the positions) by more than
-    ``sqrt(limit2)`` (differences in float64); else :data:`STEADY`.
+    The larger of ``bad`` (default :data:`NONFINITE`), when a position,
+    velocity or force is not finite or a position lies beyond
+    :data:`MAX_COORDINATE`, and :data:`REBUILD`, when ``moved`` is nonzero or
+    some row moved from ``reference`` (same shape and dtype as the positions)
+    by more than ``sqrt(limit2)`` (differences in float64); :data:`STEADY`
+    when neither holds.
 
     One Warp kernel on CPU and CUDA (each row read once; ``_decision_kernels``);
     torch operations on any other device, with mixed float types or shapes, or
@@ -602,20 +601,17 @@ def local_code(
         if reference is not None and n:
             u = pos.to(torch.float64) - reference.detach().to(torch.float64)
             hit = hit | ((u * u).sum(dim=1) > limit2).any()
-        code = torch.where(hit, REBUILD, STEADY)
-        return torch.where(finite, code, bad).to(torch.int32).reshape(1)
+        code = torch.maximum(torch.where(hit, REBUILD, STEADY), torch.where(finite, STEADY, bad))
+        return code.to(torch.int32).reshape(1)
     if not _DECISION:
         _DECISION.append(decision_launcher())
-    if moved is None:
-        moved = _NOT_MOVED.get(dev)
-        if moved is None:
-            moved = _NOT_MOVED[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
     code = torch.zeros(1, dtype=torch.int32, device=dev)
     ref = pos if reference is None else reference.detach()
+    flag = code if moved is None else moved.reshape(1).to(torch.int32)  # (code: never read)
     _DECISION[0](
         n,
         [pos, ref, vel, forces, n if reference is not None else 0, float(limit2),
-         MAX_COORDINATE, moved.reshape(1).to(torch.int32), REBUILD, bad, code],
+         MAX_COORDINATE, int(moved is not None), flag, REBUILD, bad, code],
         dev, dtype,
     )  # fmt: skip
     return code
