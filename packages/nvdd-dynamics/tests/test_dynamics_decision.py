@@ -170,3 +170,29 @@ def test_the_code_is_the_maximum_over_ranks(case: str, expected: int) -> None:
     """**Collective**: every rank reads the largest of the ranks' codes (gloo)."""
     got = run_ranks(_rank_codes, 2, case)
     assert got == [[expected], [expected]]
+
+
+def test_on_the_fake_accelerator_the_kernel_runs_reads_nothing_and_refuses_mixing(
+    monkeypatch: Any,
+) -> None:
+    """The CUDA path on the CPU: on ``nvdd.testing``'s fake accelerator the code
+    is the kernel's (launch counted) and the oracle's, makes no host read, and a
+    reference left on the CPU is refused as CUDA would refuse it."""
+    from nvdd.testing import DeviceMixingError, fake_accelerator, record_host_syncs, to_fake
+
+    launches = _launches(monkeypatch)
+    cases = _cases(torch.float32)
+    with fake_accelerator() as dev:
+        for name, rows, kw in cases:
+            fake = SimpleNamespace(**{k: to_fake(v) for k, v in vars(rows).items()})
+            fake_kw = {k: to_fake(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+            with record_host_syncs() as syncs:
+                got = local_code(fake, **fake_kw)  # type: ignore[arg-type]
+            assert syncs == [], (name, syncs)
+            assert got.device == dev
+            assert int(got) == _oracle(rows, **kw), name
+        rows = _rows(torch.float32)
+        fake = SimpleNamespace(**{k: to_fake(v) for k, v in vars(rows).items()})
+        with pytest.raises(DeviceMixingError):
+            local_code(fake, reference=rows.positions.clone(), limit2=0.25)  # type: ignore[arg-type]
+    assert len(launches) == len(cases) + 1

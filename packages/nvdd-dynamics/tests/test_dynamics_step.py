@@ -144,12 +144,12 @@ def test_a_steady_two_rank_step_enters_few_source_files() -> None:
 def test_output_rules_are_the_spec_s_own_derived_once() -> None:
     """Consolidation reads a spec's rules from a table made at its first use (a
     step calls nothing of the spec): the same rules the spec declares."""
-    from nvdd.dynamics._provider import _folds_forces, output_rules
+    from nvdd.dynamics._provider import output_rules
     from nvdd.spec import SPEC_EWALD_HALO, SPEC_LJ_HALO, SPEC_MPNN_GP, SPEC_MPNN_HALO
 
     for spec in (SPEC_LJ_HALO, SPEC_MPNN_HALO, SPEC_MPNN_GP, SPEC_EWALD_HALO):
         rules = output_rules(spec)
         assert output_rules(spec) is rules
-        assert rules.folds_forces == _folds_forces(spec)
+        assert rules.folds_forces == spec.folds_forces
         assert rules.owned_rows_exact == spec.owned_rows_exact
         assert rules.rules == {n: (o.kind, o.effective_reduce()) for n, o in spec.outputs.items()}

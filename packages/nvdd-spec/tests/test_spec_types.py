@@ -331,3 +331,23 @@ def test_the_receptive_field_spec_declares_a_halo_of_2_layers_cutoffs_and_owned_
             receptive_field_spec(bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="receptive_field_layers must be an int >= 0"):
         StrategyOptions(receptive_field_layers=-2)
+
+
+def test_folds_forces_follows_the_force_strategy_and_the_forces_output() -> None:
+    """``MLIPSpec.folds_forces``: autograd forces always fold; direct forces fold
+    when declared ``ALL_REDUCE`` and not when ``OWNED_ONLY``; a receptive-field
+    spec folds only in its folding variant."""
+    from nvdd.spec import receptive_field_spec
+
+    owned = SPEC_LJ_HALO.replace(
+        outputs={
+            **SPEC_LJ_HALO.outputs,
+            "forces": OutputSpec(OutputKind.PER_NODE, Reduce.OWNED_ONLY),
+        }
+    )
+    assert SPEC_LJ_HALO.folds_forces and SPEC_EWALD_HALO.folds_forces
+    assert not owned.folds_forces
+    assert owned.replace(force_strategy=ForceStrategy.AUTOGRAD).folds_forces
+    assert SPEC_MPNN_HALO.folds_forces and SPEC_MPNN_GP.folds_forces
+    assert not receptive_field_spec(2).folds_forces
+    assert receptive_field_spec(2, fold=True).folds_forces

@@ -151,7 +151,7 @@ def output_rules(spec: MLIPSpec) -> OutputRules:
     if hit is not None and hit[0] is spec:
         return hit[1]
     rules = OutputRules(
-        folds_forces=_folds_forces(spec),
+        folds_forces=spec.folds_forces,
         owned_rows_exact=spec.owned_rows_exact,
         rules={n: (o.kind, o.effective_reduce()) for n, o in spec.outputs.items()},
     )
@@ -163,23 +163,6 @@ def folds_forces(spec: MLIPSpec) -> bool:
     """Whether ghost-row forces are folded into their owners under ``spec``
     (:func:`output_rules`)."""
     return output_rules(spec).folds_forces
-
-
-def _folds_forces(spec: MLIPSpec) -> bool:
-    """Whether ghost-row forces are folded into their owners under ``spec``.
-
-    Autograd forces are derivatives with respect to every padded row, so the
-    ghost rows' share always belongs to their owners; direct forces follow the
-    ``forces`` output spec (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows are
-    exact, ghost rows are dropped). Under a receptive-field spec
-    (``spec.owned_rows_exact``) the owned rows are exact either way: no fold,
-    except in its folding variant (``options.receptive_field_fold``).
-    """
-    if spec.owned_rows_exact:  # (its folding variant: the owned energies' gradient)
-        return spec.options.receptive_field_fold
-    if spec.force_strategy is ForceStrategy.AUTOGRAD:
-        return True
-    return spec.output("forces").effective_reduce() is Reduce.ALL_REDUCE
 
 
 def _fold(x: torch.Tensor, plan: HaloPlan) -> torch.Tensor:

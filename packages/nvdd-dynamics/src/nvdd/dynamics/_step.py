@@ -539,6 +539,10 @@ def nonfinite_flag(batch: Batch) -> torch.Tensor:
     return local_code(batch, bad=1).reshape(())
 
 
+#: Device types on which the decision is the Warp kernel: CPU, CUDA and ``meta``,
+#: the tests' fake accelerator (``nvdd.testing.fake_accelerator``: Warp runs there
+#: on the CPU and refuses arguments from another device, as CUDA would).
+DECIDE_WITH_WARP = ("cpu", "cuda", "meta")
 #: The decision kernel's launcher (``nvdd.core.RecordedKernel``), made at first use.
 _DECISION: list[Any] = []
 
@@ -572,9 +576,9 @@ def local_code(
     by more than ``sqrt(limit2)`` (differences in float64); :data:`STEADY`
     when neither holds.
 
-    One Warp kernel on CPU and CUDA (each row read once; ``_decision_kernels``);
-    torch operations on any other device, with mixed float types or shapes, or
-    without rows (the same codes).
+    One Warp kernel on the device types of :data:`DECIDE_WITH_WARP` (each row
+    read once; ``_decision_kernels``); torch operations on any other device,
+    with mixed float types or shapes, or without rows (the same codes).
     """
     pos = batch.positions.detach()
     vel, forces = batch.velocities.detach(), batch.forces.detach()
@@ -582,7 +586,7 @@ def local_code(
     n = int(pos.shape[0])
     fused = (
         n > 0
-        and dev.type in ("cpu", "cuda")
+        and dev.type in DECIDE_WITH_WARP
         and dtype in (torch.float32, torch.float64)
         and all(
             t.dtype == dtype and t.shape == pos.shape and t.device == dev for t in (vel, forces)

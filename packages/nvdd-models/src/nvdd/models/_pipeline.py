@@ -22,7 +22,7 @@ import torch
 from nvdd.core import Batch, ModelOutputs
 from nvdd.models._checks import config_error
 from nvdd.shardtensor import current_dd_context
-from nvdd.spec import BaseModelMixin, ForceStrategy, MLIPSpec, Reduce, StrategyKind, as_model
+from nvdd.spec import BaseModelMixin, MLIPSpec, StrategyKind, as_model
 
 __all__ = ["PipelineModel"]
 
@@ -88,7 +88,7 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
         )
         name = "pipeline(" + ", ".join(s.name for s in specs) + ")"
         outputs = dict(merged.outputs)
-        folded = [s.output("forces") for s in specs if _folds(s)]
+        folded = [s.output("forces") for s in specs if s.folds_forces]
         if folded:  # the sum's ghost rows hold some component's share: they are folded
             outputs["forces"] = folded[0]
         return merged.replace(options=options, name=name, outputs=outputs)
@@ -126,14 +126,6 @@ class PipelineModel(BaseModelMixin, torch.nn.Module):
             if all(key in o for o in outs):
                 total[key] = torch.stack([o[key].detach() for o in outs]).sum(0)
         return total  # type: ignore[return-value]
-
-
-def _folds(spec: MLIPSpec) -> bool:
-    """Whether the ghost rows of ``spec``'s forces are folded into their owners
-    (autograd forces always; direct forces unless declared ``OWNED_ONLY``)."""
-    if spec.force_strategy is ForceStrategy.AUTOGRAD:
-        return True
-    return spec.output("forces").effective_reduce() is not Reduce.OWNED_ONLY
 
 
 def _spec_of(model: torch.nn.Module, strategy: StrategyKind | str) -> MLIPSpec:

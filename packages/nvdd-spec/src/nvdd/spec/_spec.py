@@ -25,6 +25,7 @@ from nvdd.spec._types import (
     ForceStrategy,
     OutputKind,
     OutputSpec,
+    Reduce,
     StrategyKind,
     StrategyOptions,
     enum_field,
@@ -239,6 +240,24 @@ class MLIPSpec:
         """Whether this is a receptive-field spec (``options.receptive_field_layers
         > 0``): the model runs unmodified and only its owned rows are kept."""
         return self.options.receptive_field_layers > 0
+
+    @property
+    def folds_forces(self) -> bool:
+        """Whether the runtime folds ghost-row forces into their owners (one
+        reverse exchange a step).
+
+        Autograd forces are derivatives with respect to every padded row, so the
+        ghost rows' share always belongs to their owners; direct forces follow
+        the ``forces`` output (``ALL_REDUCE``: fold; ``OWNED_ONLY``: owned rows
+        are exact, ghost rows are dropped). Under a receptive-field spec
+        (:attr:`owned_rows_exact`) the owned rows are exact either way: no fold,
+        except in its folding variant (``options.receptive_field_fold``).
+        """
+        if self.owned_rows_exact:
+            return self.options.receptive_field_fold
+        if self.force_strategy is ForceStrategy.AUTOGRAD:
+            return True
+        return self.output("forces").effective_reduce() is Reduce.ALL_REDUCE
 
     # ---------------------------------------------------------- composition
     def __or__(self, other: MLIPSpec) -> MLIPSpec:
